@@ -1,0 +1,180 @@
+#include "bench/limits.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "bench/timing.hpp"
+#include "core/cuda_check.hpp"
+#include "transport/device/barrier.cuh"
+#include "transport/device/wait.cuh"
+#include "transport/team_impl.hpp"
+
+namespace epx::bench {
+namespace {
+
+using detail::check_cuda;
+using transport::TeamView;
+
+constexpr std::size_t kBytes = std::size_t(256) << 20;  // per rank and direction: far past L2
+constexpr int kPingPongs = 10000;
+
+__global__ void fill_pattern(uint32_t* data, std::size_t words, uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < words; i += std::size_t(gridDim.x) * blockDim.x) {
+    data[i] = uint32_t(i) * 2654435761u ^ seed;
+  }
+}
+
+__global__ void count_mismatches(const uint32_t* data, std::size_t words, uint32_t seed, unsigned long long* bad) {
+  unsigned long long mine = 0;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < words; i += std::size_t(gridDim.x) * blockDim.x) {
+    mine += data[i] != (uint32_t(i) * 2654435761u ^ seed);
+  }
+  if (mine != 0) atomicAdd(bad, mine);
+}
+
+__global__ void store_copy(const int4* __restrict__ src, int4* dst, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
+__global__ void barrier_kernel(TeamView team) { transport::team_barrier(team, 1); }
+
+__global__ void empty_kernel() {}
+
+// Rank 0 and rank 1 bounce a counter: each waits for the other's value, then bumps the other's flag.
+// flags[0] of each rank is written only by the other rank.
+__global__ void ping_pong(TeamView team, transport::SymmetricView flags, int iterations, uint64_t* elapsed_ns) {
+  const int other = 1 - team.rank;
+  uint64_t* mine = reinterpret_cast<uint64_t*>(flags.base[team.rank]);
+  uint64_t* theirs = reinterpret_cast<uint64_t*>(flags.base[other]);
+  const uint64_t start = transport::global_timer_ns();
+  for (int i = 1; i <= iterations; ++i) {
+    if (team.rank == 0) {
+      transport::store_release_sys(theirs, i);
+      if (!transport::wait_at_least(team, mine, i, transport::WaitSite{transport::WaitPhase::test_signal, other, 0})) return;
+    } else {
+      if (!transport::wait_at_least(team, mine, i, transport::WaitSite{transport::WaitPhase::test_signal, other, 0})) return;
+      transport::store_release_sys(theirs, i);
+    }
+  }
+  *elapsed_ns = transport::global_timer_ns() - start;
+}
+
+struct Context {
+  Team& team;
+  cudaStream_t stream;
+  TeamView view;
+  int sms;
+};
+
+void team_barrier(const Context& c) {
+  barrier_kernel<<<1, 128, 0, c.stream>>>(c.view);
+  detail::check_launch("barrier_kernel");
+}
+
+double per_direction_gbps(double us) { return double(kBytes) / (us * 1e-6) / 1e9; }
+
+}  // namespace
+
+Limits measure_limits(Team& team) {
+  Limits limits;
+  cudaStream_t stream;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  cudaDeviceProp prop;
+  check_cuda(cudaGetDeviceProperties(&prop, team.device()), "cudaGetDeviceProperties");
+  const Context c{team, stream, team.impl().view(), prop.multiProcessorCount};
+  const int next = (team.rank() + 1) % team.size();
+  const int prev = (team.rank() + team.size() - 1) % team.size();
+  const auto barrier = [&](cudaStream_t) { team_barrier(c); };
+  const auto nothing = [](cudaStream_t) {};
+
+  SymmetricMemory inbox = team.allocate_symmetric(kBytes);
+  void* source = nullptr;
+  check_cuda(cudaMalloc(&source, kBytes), "cudaMalloc");
+  const std::size_t words = kBytes / 4;
+  fill_pattern<<<c.sms * 4, 512, 0, stream>>>(static_cast<uint32_t*>(source), words, uint32_t(team.rank()));
+  detail::check_launch("fill_pattern");
+
+  // HBM: a local device-to-device copy (read + write counted).
+  const Timing hbm = time_on_stream(stream, 3, 20, nothing, [&](cudaStream_t s) {
+    check_cuda(cudaMemcpyAsync(inbox.local(), source, kBytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+  });
+  limits.hbm_copy_gbps = 2.0 * kBytes / (hbm.median_us * 1e-6) / 1e9;
+
+  // An empty kernel from a graph: the floor under any timed kernel.
+  {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    for (int i = 0; i < 10; ++i) empty_kernel<<<c.sms, 512, 0, stream>>>();
+    check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    const Timing t = time_on_stream(stream, 5, 100, nothing, [&](cudaStream_t s) {
+      check_cuda(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+    });
+    limits.empty_graph_kernel_us = t.median_us / 10;
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+
+  if (team.size() >= 2 && !team.is_single_gpu()) {
+    limits.measured_nvlink = true;
+    const std::size_t vectors = kBytes / sizeof(int4);
+    auto* src4 = static_cast<const int4*>(source);
+    auto* dst4 = static_cast<int4*>(inbox.peer(next));
+    auto sm_store = [&](int blocks) {
+      const Timing t = time_on_stream(stream, 3, 20, barrier, [&](cudaStream_t s) {
+        store_copy<<<blocks, 512, 0, s>>>(src4, dst4, vectors);
+        detail::check_launch("store_copy");
+      });
+      return per_direction_gbps(t.median_us);
+    };
+    limits.nvlink_sm_store_blocks = c.sms;
+    limits.nvlink_sm_store_gbps = sm_store(c.sms);
+    limits.nvlink_sm_store_16_blocks_gbps = sm_store(16);
+    const Timing ce = time_on_stream(stream, 3, 20, barrier, [&](cudaStream_t s) {
+      check_cuda(cudaMemcpyAsync(inbox.peer(next), source, kBytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync(peer)");
+    });
+    limits.nvlink_copy_engine_gbps = per_direction_gbps(ce.median_us);
+
+    // Everything that arrived came from the previous rank: check every word.
+    team_barrier(c);
+    unsigned long long* bad = nullptr;
+    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&bad), sizeof(*bad), stream), "cudaMallocAsync");
+    check_cuda(cudaMemsetAsync(bad, 0, sizeof(*bad), stream), "cudaMemsetAsync");
+    count_mismatches<<<c.sms * 4, 512, 0, stream>>>(static_cast<const uint32_t*>(inbox.local()), words, uint32_t(prev), bad);
+    detail::check_launch("count_mismatches");
+    unsigned long long bad_host = 1;
+    check_cuda(cudaMemcpyAsync(&bad_host, bad, sizeof(bad_host), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check_cuda(cudaFreeAsync(bad, stream), "cudaFreeAsync");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    limits.data_checked = bad_host == 0;
+    if (bad_host != 0) detail::fail(ErrorKind::internal, "NVLink limit test: " + std::to_string(bad_host) + " words arrived wrong");
+
+    // One-way flag latency between ranks 0 and 1 (the others sit out).
+    SymmetricMemory flags = team.allocate_symmetric(4096);
+    if (team.rank() < 2) {
+      uint64_t* elapsed = nullptr;
+      check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&elapsed), sizeof(*elapsed), stream), "cudaMallocAsync");
+      team_barrier(c);
+      ping_pong<<<1, 1, 0, stream>>>(c.view, team.impl().symmetric_view(flags), kPingPongs, elapsed);
+      detail::check_launch("ping_pong");
+      uint64_t ns = 0;
+      check_cuda(cudaMemcpyAsync(&ns, elapsed, sizeof(ns), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+      check_cuda(cudaFreeAsync(elapsed, stream), "cudaFreeAsync");
+      check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      limits.flag_latency_us = double(ns) / 1e3 / (2.0 * kPingPongs);
+    } else {
+      team_barrier(c);
+    }
+  }
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  team.check_device_errors();
+  cudaFree(source);
+  cudaStreamDestroy(stream);
+  return limits;
+}
+
+}  // namespace epx::bench

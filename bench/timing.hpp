@@ -1,0 +1,54 @@
+// Event timing for the bench: every repetition is timed on its own and the median is reported.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "core/cuda_check.hpp"
+
+namespace epx::bench {
+
+struct Timing {
+  double median_us = 0;
+  double min_us = 0;
+  double max_us = 0;
+};
+
+inline Timing summarize(std::vector<double> us) {
+  std::sort(us.begin(), us.end());
+  return Timing{us[us.size() / 2], us.front(), us.back()};
+}
+
+// Times `timed(stream)` `repetitions` times after `warmup` untimed runs; `before(stream)` runs untimed
+// ahead of every repetition (a barrier, an L2 flush, a rotation of inputs).
+inline Timing time_on_stream(cudaStream_t stream, int warmup, int repetitions,
+                             const std::function<void(cudaStream_t)>& before,
+                             const std::function<void(cudaStream_t)>& timed) {
+  using detail::check_cuda;
+  for (int i = 0; i < warmup; ++i) {
+    before(stream);
+    timed(stream);
+  }
+  std::vector<cudaEvent_t> events(2 * repetitions);
+  for (auto& e : events) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < repetitions; ++i) {
+    before(stream);
+    check_cuda(cudaEventRecord(events[2 * i], stream), "cudaEventRecord");
+    timed(stream);
+    check_cuda(cudaEventRecord(events[2 * i + 1], stream), "cudaEventRecord");
+  }
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  std::vector<double> us(repetitions);
+  for (int i = 0; i < repetitions; ++i) {
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
+    us[i] = ms * 1000.0;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  return summarize(std::move(us));
+}
+
+}  // namespace epx::bench

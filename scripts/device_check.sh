@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The device script: on a GPU machine, build (or use a carried build), run every GPU test and the
+# bench, and end with a short table. Logs and the bench JSON go to $OUT (or ./device-out).
+#
+#   scripts/device_check.sh [--kind NAME] [--commit SHA]
+#
+# NCCL: the device API needs the NCCL library at run time to be the version epx was compiled against
+# (2.28.9). Where PyTorch's nvidia-nccl wheel is installed, its lib/ is put first on LD_LIBRARY_PATH.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+kind="" commit="${EPX_COMMIT:-unknown}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kind) kind="$2"; shift 2 ;;
+    --commit) commit="$2"; shift 2 ;;
+    *) echo "usage: $0 [--kind NAME] [--commit SHA]" >&2; exit 2 ;;
+  esac
+done
+out="${OUT:-$PWD/device-out}"
+mkdir -p "$out"
+build="${EPX_BUILD_DIR:-build}"
+
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
+wheel_lib=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null || true)
+if [ -n "$wheel_lib" ] && [ -d "$wheel_lib" ]; then
+  export LD_LIBRARY_PATH="$wheel_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+{
+  echo "== machine"
+  nvidia-smi -L
+  nvidia-smi topo -m 2>/dev/null | head -12
+  echo "NCCL wheel lib: ${wheel_lib:-none}"
+} 2>&1 | tee "$out/machine.txt"
+
+if [ ! -x "$build/tests/epx_gpu_tests" ] || [ ! -x "$build/bench/epx-bench" ]; then
+  echo "== building in $build"
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${wheel_lib:+-DNCCL_ROOT="$(dirname "$wheel_lib")"} >"$out/build.log" 2>&1 &&
+    cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+fi
+ldd "$build/tests/epx_gpu_tests" | grep -E "nccl|cudart" | tee -a "$out/machine.txt"
+
+echo "== GPU tests"
+start=$(date +%s)
+"$build/tests/epx_gpu_tests" 2>&1 | tee "$out/gpu-tests.log"
+tests_rc=${PIPESTATUS[0]}
+tests_s=$(( $(date +%s) - start ))
+
+echo "== bench"
+"$build/bench/epx-bench" --json "$out/bench.json" ${kind:+--device-kind "$kind"} --commit "$commit" 2>&1 | tee "$out/bench.log"
+bench_rc=${PIPESTATUS[0]}
+
+passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/gpu-tests.log" | grep -oE '[0-9]+$' | tail -1)
+skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$out/gpu-tests.log" | grep -oE '[0-9]+$' | tail -1)
+failed=$(grep -oE '^\[  FAILED  \] [0-9]+' "$out/gpu-tests.log" | grep -oE '[0-9]+$' | tail -1)
+echo
+echo "== summary ($(date -u +%Y-%m-%d), commit $commit, ${kind:-unnamed device})"
+printf '%-28s %s\n' "GPU tests (rank 0)" "passed ${passed:-0}, failed ${failed:-0}, skipped ${skipped:-0}; exit $tests_rc; ${tests_s}s"
+printf '%-28s %s\n' "bench" "exit $bench_rc; $out/bench.json"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -1,0 +1,47 @@
+// Memory-ordered accesses to flags shared between GPUs. All flags are 64-bit counters that only
+// grow, so a waiter asks "has it reached at least N?" and never misses a value.
+//
+// Ordering rule of the library: whoever publishes data to a peer first makes the data visible
+// (a barrier among its writing threads, then a system-scope release by the one thread that
+// signals); whoever consumes it reads the flag with a system-scope acquire before touching the data.
+#pragma once
+
+#include <cstdint>
+
+namespace epx::transport {
+
+__device__ __forceinline__ uint64_t load_acquire_sys(const uint64_t* flag) {
+  uint64_t value;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(flag) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ uint64_t load_relaxed_sys(const uint64_t* flag) {
+  uint64_t value;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(flag) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ uint32_t load_relaxed_sys(const uint32_t* word) {
+  uint32_t value;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(word) : "memory");
+  return value;
+}
+
+// Adds to a (possibly remote) counter; everything this thread may observe before, including other
+// threads' writes ordered before it by a barrier, is visible to whoever acquires the new value.
+__device__ __forceinline__ void add_release_sys(uint64_t* flag, uint64_t value) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ void store_release_sys(uint64_t* flag, uint64_t value) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+}  // namespace epx::transport

@@ -1,0 +1,61 @@
+// The one bounded wait of the library. Every device-side spin goes through wait_at_least.
+#pragma once
+
+#include <cstdint>
+
+#include "transport/device/flags.cuh"
+#include "transport/device/team_view.hpp"
+
+namespace epx::transport {
+
+struct WaitSite {
+  WaitPhase phase;
+  int32_t peer;     // whom we wait for, -1 if not one peer
+  uint32_t detail;  // phase-specific (slot, channel, iteration)
+};
+
+// Records an expired wait in the team's report (first one wins; see WaitReport).
+__device__ inline void report_timeout(const TeamView& team, const WaitSite& site, uint64_t expected,
+                                      uint64_t observed, uint64_t waited_ns) {
+  WaitReport* r = team.report;
+  if (atomicCAS(&r->claimed, 0u, 1u) != 0u) return;
+  r->rank = team.rank;
+  r->peer = site.peer;
+  r->phase = static_cast<uint32_t>(site.phase);
+  r->detail = site.detail;
+  r->expected = expected;
+  r->observed = observed;
+  r->waited_ns = waited_ns;
+  __threadfence_system();
+  atomicExch(&r->complete, 1u);
+}
+
+// Spins until *flag >= expected, then returns with acquire semantics (system scope): what the writer
+// published before its release is visible. Returns false, having recorded why, when the team's timeout
+// expires or another wait of this team has already expired. Callers must then stop their work and
+// return: the team is failed.
+//
+// The spin polls with relaxed loads, which are cheaper than acquire loads; once the value is there, one
+// acquire load of the same flag orders what follows (the counter only grows, so it still satisfies).
+__device__ inline bool wait_at_least(const TeamView& team, const uint64_t* flag, uint64_t expected,
+                                     const WaitSite& site) {
+  if (load_acquire_sys(flag) >= expected) return true;
+  const uint64_t start = global_timer_ns();
+  // Read the clock and the report only every few spins: both are slower than the flag.
+  for (uint32_t spin = 1;; ++spin) {
+    if (load_relaxed_sys(flag) >= expected) {
+      load_acquire_sys(flag);
+      return true;
+    }
+    if ((spin & 255u) == 0u) {
+      const uint64_t waited = global_timer_ns() - start;
+      if (waited > team.timeout_ns) {
+        report_timeout(team, site, expected, load_relaxed_sys(flag), waited);
+        return false;
+      }
+      if (load_relaxed_sys(&team.report->claimed) != 0u) return false;
+    }
+  }
+}
+
+}  // namespace epx::transport

@@ -1,0 +1,61 @@
+// Inside a Team: the transport backend that owns the memory, and the device view kernels receive.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "epx/team.hpp"
+#include "transport/device/team_view.hpp"
+
+namespace epx {
+
+// One collective allocation, as a backend returns it: every rank's address as seen from this GPU, and
+// how to give it back.
+struct SymmetricAllocation {
+  std::vector<void*> peers;       // peers[r]: rank r's copy
+  std::function<void()> release;  // collective unless the team has failed
+};
+
+struct SymmetricMemory::Backing {
+  std::vector<void*> peers;
+  std::function<void()> release;
+  ~Backing() {
+    if (release) release();
+  }
+};
+
+namespace transport {
+
+// How ranks find each other's memory. Two implementations: NCCL windows (nccl_backend.cpp) and
+// slices of one allocation on one GPU (single_gpu_backend.cpp).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Collective. Returns zeroed memory of `bytes` on every rank, visible to every rank's kernels.
+  virtual SymmetricAllocation allocate(std::size_t bytes) = 0;
+  // Called once when the team fails: later releases must not wait for peers.
+  virtual void mark_failed() = 0;
+};
+
+}  // namespace transport
+
+struct Team::Impl {
+  int rank = 0;
+  int nranks = 0;
+  int device = 0;
+  bool single_gpu = false;
+  TeamOptions options;
+  std::unique_ptr<transport::Backend> backend;
+  transport::WaitReport* report_host = nullptr;    // host-mapped, see WaitReport
+  transport::WaitReport* report_device = nullptr;  // the same memory, device address
+  SymmetricMemory control;                         // a transport::ControlRegion on every rank
+  bool failed = false;
+
+  ~Impl();
+  transport::TeamView view() const;
+  transport::SymmetricView symmetric_view(const SymmetricMemory& memory) const;
+};
+
+}  // namespace epx

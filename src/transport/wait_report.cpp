@@ -1,0 +1,32 @@
+#include "transport/wait_report.hpp"
+
+#include <atomic>
+#include <cstdio>
+
+namespace epx::transport {
+
+const char* phase_name(WaitPhase phase) {
+  switch (phase) {
+    case WaitPhase::none: return "no phase";
+    case WaitPhase::barrier: return "team barrier";
+    case WaitPhase::test_signal: return "transport test signal";
+  }
+  return "unknown phase";
+}
+
+std::string describe(const WaitReport& report) {
+  if (std::atomic_ref<const uint32_t>(report.complete).load() == 0u) {
+    return "a device wait timed out, but its report was not complete (the kernel may still be running)";
+  }
+  char text[320];
+  const double ms = static_cast<double>(report.waited_ns) / 1e6;
+  const std::string whom = report.peer >= 0 ? "rank " + std::to_string(report.peer) : std::string("its peers");
+  std::snprintf(text, sizeof text,
+                "rank %d timed out after %.1f ms in %s (detail %u) waiting for %s: expected a flag >= %llu, saw %llu "
+                "(is that rank alive and running the same operation?)",
+                report.rank, ms, phase_name(static_cast<WaitPhase>(report.phase)), report.detail, whom.c_str(),
+                static_cast<unsigned long long>(report.expected), static_cast<unsigned long long>(report.observed));
+  return text;
+}
+
+}  // namespace epx::transport

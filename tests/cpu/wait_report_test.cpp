@@ -1,0 +1,39 @@
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "transport/wait_report.hpp"
+
+namespace epx::transport {
+namespace {
+
+TEST(WaitReport, DescribesWhoWaitedForWhom) {
+  WaitReport report{};
+  report.claimed = 1;
+  report.complete = 1;
+  report.rank = 2;
+  report.peer = 7;
+  report.phase = static_cast<uint32_t>(WaitPhase::barrier);
+  report.detail = 3;
+  report.expected = 12;
+  report.observed = 11;
+  report.waited_ns = 5'000'000'000ull;
+  EXPECT_EQ(describe(report),
+            "rank 2 timed out after 5000.0 ms in team barrier (detail 3) waiting for rank 7: expected a flag >= 12, "
+            "saw 11 (is that rank alive and running the same operation?)");
+}
+
+TEST(WaitReport, AnIncompleteReportSaysSo) {
+  WaitReport report{};
+  report.claimed = 1;
+  EXPECT_NE(describe(report).find("not complete"), std::string::npos);
+}
+
+TEST(WaitReport, EveryPhaseHasAName) {
+  for (WaitPhase phase : {WaitPhase::none, WaitPhase::barrier, WaitPhase::test_signal}) {
+    EXPECT_STRNE(phase_name(phase), "unknown phase");
+  }
+}
+
+}  // namespace
+}  // namespace epx::transport

@@ -1,0 +1,39 @@
+// Drives every rank of a single-GPU team from its own host thread and stream, as separate processes
+// would. An exception on a rank's thread becomes a test failure naming the rank.
+//
+// Rule for bodies: keep few launches in flight per rank (synchronise the stream every few steps).
+// The ranks' kernels wait for each other on one GPU; if one host thread fills the GPU's command queue
+// with launches that cannot run yet, the launches the others need may never be submitted.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <exception>
+#include <thread>
+#include <vector>
+
+#include "epx/team.hpp"
+
+namespace epx::test {
+
+template <typename Body>
+void on_single_gpu_team(int nranks, const TeamOptions& options, Body body) {
+  auto teams = Team::create_single_gpu(nranks, options);
+  std::vector<std::thread> threads;
+  for (auto& team : teams) {
+    threads.emplace_back([&team, &body] {
+      cudaStream_t stream = nullptr;
+      try {
+        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("cudaStreamCreate");
+        body(*team, stream);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << team->rank() << " of " << team->size() << ": " << e.what();
+      }
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace epx::test
