@@ -20,21 +20,24 @@ constexpr std::size_t kBytes = std::size_t(256) << 20;  // per rank and directio
 constexpr int kPingPongs = 10000;
 
 __global__ void fill_pattern(uint32_t* data, std::size_t words, uint32_t seed) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < words; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < words;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     data[i] = uint32_t(i) * 2654435761u ^ seed;
   }
 }
 
 __global__ void count_mismatches(const uint32_t* data, std::size_t words, uint32_t seed, unsigned long long* bad) {
   unsigned long long mine = 0;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < words; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < words;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     mine += data[i] != (uint32_t(i) * 2654435761u ^ seed);
   }
   if (mine != 0) atomicAdd(bad, mine);
 }
 
 __global__ void store_copy(const int4* __restrict__ src, int4* dst, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     dst[i] = src[i];
   }
 }
@@ -53,9 +56,11 @@ __global__ void ping_pong(TeamView team, transport::SymmetricView flags, int ite
   for (int i = 1; i <= iterations; ++i) {
     if (team.rank == 0) {
       transport::store_release_sys(theirs, i);
-      if (!transport::wait_at_least(team, mine, i, transport::WaitSite{transport::WaitPhase::test_signal, other, 0})) return;
+      if (!transport::wait_at_least(team, mine, i, transport::WaitSite{transport::WaitPhase::test_signal, other, 0}))
+        return;
     } else {
-      if (!transport::wait_at_least(team, mine, i, transport::WaitSite{transport::WaitPhase::test_signal, other, 0})) return;
+      if (!transport::wait_at_least(team, mine, i, transport::WaitSite{transport::WaitPhase::test_signal, other, 0}))
+        return;
       transport::store_release_sys(theirs, i);
     }
   }
@@ -111,9 +116,8 @@ Limits measure_limits(Team& team) {
     for (int i = 0; i < 10; ++i) empty_kernel<<<c.sms, 512, 0, stream>>>();
     check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
     check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-    const Timing t = time_on_stream(stream, 5, 100, nothing, [&](cudaStream_t s) {
-      check_cuda(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
-    });
+    const Timing t = time_on_stream(stream, 5, 100, nothing,
+                                    [&](cudaStream_t s) { check_cuda(cudaGraphLaunch(exec, s), "cudaGraphLaunch"); });
     limits.empty_graph_kernel_us = t.median_us / 10;
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -135,7 +139,8 @@ Limits measure_limits(Team& team) {
     limits.nvlink_sm_store_gbps = sm_store(c.sms);
     limits.nvlink_sm_store_16_blocks_gbps = sm_store(16);
     const Timing ce = time_on_stream(stream, 3, 20, barrier, [&](cudaStream_t s) {
-      check_cuda(cudaMemcpyAsync(inbox.peer(next), source, kBytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync(peer)");
+      check_cuda(cudaMemcpyAsync(inbox.peer(next), source, kBytes, cudaMemcpyDeviceToDevice, s),
+                 "cudaMemcpyAsync(peer)");
     });
     limits.nvlink_copy_engine_gbps = per_direction_gbps(ce.median_us);
 
@@ -144,14 +149,16 @@ Limits measure_limits(Team& team) {
     unsigned long long* bad = nullptr;
     check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&bad), sizeof(*bad), stream), "cudaMallocAsync");
     check_cuda(cudaMemsetAsync(bad, 0, sizeof(*bad), stream), "cudaMemsetAsync");
-    count_mismatches<<<c.sms * 4, 512, 0, stream>>>(static_cast<const uint32_t*>(inbox.local()), words, uint32_t(prev), bad);
+    count_mismatches<<<c.sms * 4, 512, 0, stream>>>(static_cast<const uint32_t*>(inbox.local()), words, uint32_t(prev),
+                                                    bad);
     detail::check_launch("count_mismatches");
     unsigned long long bad_host = 1;
     check_cuda(cudaMemcpyAsync(&bad_host, bad, sizeof(bad_host), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
     check_cuda(cudaFreeAsync(bad, stream), "cudaFreeAsync");
     check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     limits.data_checked = bad_host == 0;
-    if (bad_host != 0) detail::fail(ErrorKind::internal, "NVLink limit test: " + std::to_string(bad_host) + " words arrived wrong");
+    if (bad_host != 0)
+      detail::fail(ErrorKind::internal, "NVLink limit test: " + std::to_string(bad_host) + " words arrived wrong");
 
     // One-way flag latency between ranks 0 and 1 (the others sit out).
     SymmetricMemory flags = team.allocate_symmetric(4096);

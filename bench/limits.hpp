@@ -9,15 +9,15 @@
 namespace epx::bench {
 
 struct Limits {
-  bool measured_nvlink = false;          // needs at least 2 ranks on separate GPUs
-  double nvlink_sm_store_gbps = 0;       // 16-byte stores, every rank writing to the next at once, per direction
-  int nvlink_sm_store_blocks = 0;        // CTAs used for that
+  bool measured_nvlink = false;     // needs at least 2 ranks on separate GPUs
+  double nvlink_sm_store_gbps = 0;  // 16-byte stores, every rank writing to the next at once, per direction
+  int nvlink_sm_store_blocks = 0;   // CTAs used for that
   double nvlink_sm_store_16_blocks_gbps = 0;
-  double nvlink_copy_engine_gbps = 0;    // cudaMemcpyAsync to the peer, every rank at once, per direction
-  double flag_latency_us = 0;            // one way, rank 0 <-> rank 1 ping-pong
-  double empty_graph_kernel_us = 0;      // an empty kernel replayed from a CUDA graph
-  double hbm_copy_gbps = 0;              // device-to-device copy, bytes read + written
-  bool data_checked = false;             // every byte the NVLink tests moved was compared on the GPU
+  double nvlink_copy_engine_gbps = 0;  // cudaMemcpyAsync to the peer, every rank at once, per direction
+  double flag_latency_us = 0;          // one way, rank 0 <-> rank 1 ping-pong
+  double empty_graph_kernel_us = 0;    // an empty kernel replayed from a CUDA graph
+  double hbm_copy_gbps = 0;            // device-to-device copy, bytes read + written
+  bool data_checked = false;           // every byte the NVLink tests moved was compared on the GPU
 };
 
 // Collective over the team (one process per GPU). Ranks other than 0 return what they measured too.

@@ -45,12 +45,22 @@ Args parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--json") args.json_path = value();
-    else if (a == "--device-kind") args.device_kind = value();
-    else if (a == "--commit") args.commit = value();
-    else if (a == "--timeout-ms") args.timeout_ms = std::atoi(value().c_str());
-    else if (a == "--help" || a == "-h") { usage(); std::exit(0); }
-    else { std::fprintf(stderr, "epx-bench: unknown argument %s\n", a.c_str()); usage(); std::exit(2); }
+    if (a == "--json")
+      args.json_path = value();
+    else if (a == "--device-kind")
+      args.device_kind = value();
+    else if (a == "--commit")
+      args.commit = value();
+    else if (a == "--timeout-ms")
+      args.timeout_ms = std::atoi(value().c_str());
+    else if (a == "--help" || a == "-h") {
+      usage();
+      std::exit(0);
+    } else {
+      std::fprintf(stderr, "epx-bench: unknown argument %s\n", a.c_str());
+      usage();
+      std::exit(2);
+    }
   }
   return args;
 }
@@ -101,7 +111,8 @@ void print_table(int ranks, const Limits& l) {
   std::printf("\nepx-bench, %d rank(s)\n", ranks);
   std::printf("%-44s %12s\n", "limit", "value");
   if (l.measured_nvlink) {
-    std::printf("%-44s %9.1f GB/s\n", ("NVLink SM stores, per direction (" + std::to_string(l.nvlink_sm_store_blocks) + " CTAs)").c_str(),
+    std::printf("%-44s %9.1f GB/s\n",
+                ("NVLink SM stores, per direction (" + std::to_string(l.nvlink_sm_store_blocks) + " CTAs)").c_str(),
                 l.nvlink_sm_store_gbps);
     std::printf("%-44s %9.1f GB/s\n", "NVLink SM stores, per direction (16 CTAs)", l.nvlink_sm_store_16_blocks_gbps);
     std::printf("%-44s %9.1f GB/s\n", "NVLink copy engine, per direction", l.nvlink_copy_engine_gbps);
@@ -120,8 +131,9 @@ int run(int argc, char** argv) {
   const launch::Start start = launch::start(argc, argv);
   if (start.role == launch::Role::launcher) return start.exit_code;
   if (start.role == launch::Role::no_gpu) {
-    std::printf("epx-bench: no GPU is visible on this machine, so nothing was measured.\n"
-                "Run it on a machine with NVIDIA Hopper GPUs (all local GPUs are used, one process each).\n");
+    std::printf(
+        "epx-bench: no GPU is visible on this machine, so nothing was measured.\n"
+        "Run it on a machine with NVIDIA Hopper GPUs (all local GPUs are used, one process each).\n");
     return 2;
   }
   TeamOptions options;

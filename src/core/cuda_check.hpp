@@ -14,9 +14,8 @@ namespace epx::detail {
 inline void check_cuda(cudaError_t status, const char* what,
                        std::source_location where = std::source_location::current()) {
   if (status == cudaSuccess) return;
-  fail(ErrorKind::cuda, std::string(what) + " failed: " + cudaGetErrorName(status) + " (" +
-                            cudaGetErrorString(status) + ") at " + where.file_name() + ":" +
-                            std::to_string(where.line()));
+  fail(ErrorKind::cuda, std::string(what) + " failed: " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) +
+                            ") at " + where.file_name() + ":" + std::to_string(where.line()));
 }
 
 // After a kernel launch: catches bad launch configurations at the call site.

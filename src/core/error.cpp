@@ -6,12 +6,18 @@ namespace epx {
 
 const char* to_string(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::invalid_argument: return "invalid argument";
-    case ErrorKind::cuda: return "CUDA error";
-    case ErrorKind::nccl: return "NCCL error";
-    case ErrorKind::timeout: return "timeout";
-    case ErrorKind::system: return "system error";
-    case ErrorKind::internal: return "internal error";
+    case ErrorKind::invalid_argument:
+      return "invalid argument";
+    case ErrorKind::cuda:
+      return "CUDA error";
+    case ErrorKind::nccl:
+      return "NCCL error";
+    case ErrorKind::timeout:
+      return "timeout";
+    case ErrorKind::system:
+      return "system error";
+    case ErrorKind::internal:
+      return "internal error";
   }
   return "error";
 }

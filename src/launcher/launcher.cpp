@@ -29,8 +29,8 @@ int parse_int(const char* name, const char* text) {
   errno = 0;
   const long value = std::strtol(text, &end, 10);
   if (errno != 0 || end == text || *end != '\0' || value < 0 || value > 1'000'000) {
-    detail::fail(ErrorKind::invalid_argument, std::string("environment variable ") + name + "='" + text +
-                                                  "' is not a non-negative integer");
+    detail::fail(ErrorKind::invalid_argument,
+                 std::string("environment variable ") + name + "='" + text + "' is not a non-negative integer");
   }
   return static_cast<int>(value);
 }
@@ -139,8 +139,9 @@ UniqueId decode_unique_id(const std::string& hex) {
 bool read_torchrun_environment(RankInfo& out) {
   if (env("RANK") == nullptr) return false;
   for (const char* name : {"WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
-    detail::require(env(name) != nullptr, std::string("RANK is set but ") + name +
-                                              " is not: set all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT");
+    detail::require(env(name) != nullptr,
+                    std::string("RANK is set but ") + name +
+                        " is not: set all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT");
   }
   out.rank = parse_int("RANK", env("RANK"));
   out.world_size = parse_int("WORLD_SIZE", env("WORLD_SIZE"));

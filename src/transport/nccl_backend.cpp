@@ -41,8 +41,8 @@ void require_matching_nccl() {
   check_nccl(ncclGetVersion(&runtime), "ncclGetVersion");
   if (runtime != NCCL_VERSION_CODE) {
     detail::fail(ErrorKind::nccl,
-                 "the NCCL library loaded at run time is " + version_string(runtime) + " but epx was compiled against " +
-                     version_string(NCCL_VERSION_CODE) +
+                 "the NCCL library loaded at run time is " + version_string(runtime) +
+                     " but epx was compiled against " + version_string(NCCL_VERSION_CODE) +
                      "; NCCL's device API needs the same version: put the directory of the matching "
                      "libnccl.so.2 first on LD_LIBRARY_PATH (for PyTorch's wheel: python3 -c \"import nvidia.nccl "
                      "as m; print(m.__path__[0] + '/lib')\")");
@@ -93,7 +93,8 @@ class NcclBackend final : public Backend {
     check_cuda(cudaMemsetAsync(memory, 0, bytes, stream_), "cudaMemsetAsync(symmetric memory)");
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     ncclWindow_t window = nullptr;
-    check_nccl(ncclCommWindowRegister(comm_, memory, bytes, &window, NCCL_WIN_COLL_SYMMETRIC), "ncclCommWindowRegister");
+    check_nccl(ncclCommWindowRegister(comm_, memory, bytes, &window, NCCL_WIN_COLL_SYMMETRIC),
+               "ncclCommWindowRegister");
     SymmetricAllocation allocation;
     allocation.peers = resolve_lsa_pointers(window, nranks_);
     allocation.release = [this, window, memory] {
@@ -112,12 +113,15 @@ class NcclBackend final : public Backend {
   // would not report clearly, so compare first.
   void require_same_size_everywhere(std::size_t bytes) {
     uint64_t* sizes = nullptr;
-    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&sizes), sizeof(uint64_t) * (nranks_ + 1), stream_), "cudaMallocAsync");
+    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&sizes), sizeof(uint64_t) * (nranks_ + 1), stream_),
+               "cudaMallocAsync");
     const uint64_t mine = bytes;
-    check_cuda(cudaMemcpyAsync(sizes + nranks_, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    check_cuda(cudaMemcpyAsync(sizes + nranks_, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream_),
+               "cudaMemcpyAsync");
     check_nccl(ncclAllGather(sizes + nranks_, sizes, 1, ncclUint64, comm_, stream_), "ncclAllGather(sizes)");
     std::vector<uint64_t> all(nranks_);
-    check_cuda(cudaMemcpyAsync(all.data(), sizes, sizeof(uint64_t) * nranks_, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    check_cuda(cudaMemcpyAsync(all.data(), sizes, sizeof(uint64_t) * nranks_, cudaMemcpyDeviceToHost, stream_),
+               "cudaMemcpyAsync");
     check_cuda(cudaFreeAsync(sizes, stream_), "cudaFreeAsync");
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     for (int r = 0; r < nranks_; ++r) {

@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <utility>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "core/cuda_check.hpp"
-#include "transport/single_gpu_backend.hpp"
 #include "transport/nccl_backend.hpp"
+#include "transport/single_gpu_backend.hpp"
 #include "transport/team_impl.hpp"
 #include "transport/wait_report.hpp"
 
@@ -22,7 +22,8 @@ namespace {
 std::unique_ptr<Team::Impl> new_impl(int rank, int nranks, bool single_gpu, const TeamOptions& options) {
   require(nranks >= 1 && nranks <= kMaxNvlinkRanks,
           "a team has 1 to " + std::to_string(kMaxNvlinkRanks) + " ranks, not " + std::to_string(nranks));
-  require(rank >= 0 && rank < nranks, "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(nranks) + ")");
+  require(rank >= 0 && rank < nranks,
+          "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(nranks) + ")");
   require(options.wait_timeout.count() > 0, "TeamOptions::wait_timeout must be positive");
   auto impl = std::make_unique<Team::Impl>();
   impl->rank = rank;
@@ -58,7 +59,8 @@ transport::TeamView Team::Impl::view() const {
   transport::TeamView v{};
   v.rank = rank;
   v.nranks = nranks;
-  v.timeout_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(options.wait_timeout).count());
+  v.timeout_ns =
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(options.wait_timeout).count());
   v.report = report_device;
   v.control = symmetric_view(control);
   return v;

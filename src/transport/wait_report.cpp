@@ -7,9 +7,12 @@ namespace epx::transport {
 
 const char* phase_name(WaitPhase phase) {
   switch (phase) {
-    case WaitPhase::none: return "no phase";
-    case WaitPhase::barrier: return "team barrier";
-    case WaitPhase::test_signal: return "transport test signal";
+    case WaitPhase::none:
+      return "no phase";
+    case WaitPhase::barrier:
+      return "team barrier";
+    case WaitPhase::test_signal:
+      return "transport test signal";
   }
   return "unknown phase";
 }

@@ -21,8 +21,8 @@ Team& world_team();
 }  // namespace epx::test
 
 // Skips the calling test unless the job has at least `n` processes (GPUs).
-#define EPX_REQUIRE_WORLD_SIZE(n)                                                                        \
-  do {                                                                                                   \
-    if (::epx::test::rank_info().world_size < (n))                                                       \
+#define EPX_REQUIRE_WORLD_SIZE(n)                                                                           \
+  do {                                                                                                      \
+    if (::epx::test::rank_info().world_size < (n))                                                          \
       GTEST_SKIP() << "needs " << (n) << " GPUs, this machine has " << ::epx::test::rank_info().world_size; \
   } while (0)

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <exception>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -25,7 +26,10 @@ void on_single_gpu_team(int nranks, const TeamOptions& options, Body body) {
     threads.emplace_back([&team, &body] {
       cudaStream_t stream = nullptr;
       try {
-        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("cudaStreamCreate");
+        // A new thread starts on device 0: put it on the team's GPU first.
+        if (cudaSetDevice(team->device()) != cudaSuccess) throw std::runtime_error("cudaSetDevice");
+        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+          throw std::runtime_error("cudaStreamCreate");
         body(*team, stream);
       } catch (const std::exception& e) {
         ADD_FAILURE() << "rank " << team->rank() << " of " << team->size() << ": " << e.what();

@@ -22,8 +22,8 @@ __device__ inline bool team_barrier(const TeamView& team, int slot) {
     add_release_sys(&team.control_of(p)->arrivals[slot][team.rank], 1);
   }
   for (int p = threadIdx.x; p < team.nranks; p += blockDim.x) {
-    ok = ok && wait_at_least(team, &mine->arrivals[slot][p], n,
-                             WaitSite{WaitPhase::barrier, p, static_cast<uint32_t>(slot)});
+    ok = ok &&
+         wait_at_least(team, &mine->arrivals[slot][p], n, WaitSite{WaitPhase::barrier, p, static_cast<uint32_t>(slot)});
   }
   ok = __syncthreads_and(ok);
   if (threadIdx.x == 0) mine->epoch[slot] = n;

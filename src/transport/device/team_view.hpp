@@ -21,8 +21,8 @@ struct SymmetricView {
 // the host error names them.
 enum class WaitPhase : uint32_t {
   none = 0,
-  barrier,          // team barrier: waiting for a peer's arrival
-  test_signal,      // transport test: waiting for a peer's put-with-signal
+  barrier,      // team barrier: waiting for a peer's arrival
+  test_signal,  // transport test: waiting for a peer's put-with-signal
 };
 
 // The record of the first wait of a team that expired. Lives in host-mapped memory, so the host can

@@ -15,8 +15,8 @@ struct WaitSite {
 };
 
 // Records an expired wait in the team's report (first one wins; see WaitReport).
-__device__ inline void report_timeout(const TeamView& team, const WaitSite& site, uint64_t expected,
-                                      uint64_t observed, uint64_t waited_ns) {
+__device__ inline void report_timeout(const TeamView& team, const WaitSite& site, uint64_t expected, uint64_t observed,
+                                      uint64_t waited_ns) {
   WaitReport* r = team.report;
   if (atomicCAS(&r->claimed, 0u, 1u) != 0u) return;
   r->rank = team.rank;
@@ -40,17 +40,19 @@ __device__ inline void report_timeout(const TeamView& team, const WaitSite& site
 __device__ inline bool wait_at_least(const TeamView& team, const uint64_t* flag, uint64_t expected,
                                      const WaitSite& site) {
   if (load_acquire_sys(flag) >= expected) return true;
-  const uint64_t start = global_timer_ns();
-  // Read the clock and the report only every few spins: both are slower than the flag.
+  // The clock and the report are read only every 1024 spins (they are slower than the flag); the clock
+  // starts at the first such read, so the bound is the timeout plus at most 1024 spins.
+  uint64_t start = 0;
   for (uint32_t spin = 1;; ++spin) {
     if (load_relaxed_sys(flag) >= expected) {
       load_acquire_sys(flag);
       return true;
     }
-    if ((spin & 255u) == 0u) {
-      const uint64_t waited = global_timer_ns() - start;
-      if (waited > team.timeout_ns) {
-        report_timeout(team, site, expected, load_relaxed_sys(flag), waited);
+    if ((spin & 1023u) == 0u) {
+      const uint64_t now = global_timer_ns();
+      if (start == 0) start = now;
+      if (now - start > team.timeout_ns) {
+        report_timeout(team, site, expected, load_relaxed_sys(flag), now - start);
         return false;
       }
       if (load_relaxed_sys(&team.report->claimed) != 0u) return false;

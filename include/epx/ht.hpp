@@ -1,0 +1,129 @@
+// epx::HtBuffer — high-throughput dispatch and combine over NVLink (training and prefill).
+// The contract is DESIGN.md §1.1; here is what each call guarantees.
+//
+// Terms: R ranks, E experts (expert e on rank e / (E/R)), T tokens on this rank (T <= the buffer's
+// max_tokens_per_rank), H hidden, K top-k. topk_idx [T][K] is int64 or int32, -1 = no expert.
+//
+// dispatch: each token goes once to every rank that holds one of its experts. This rank receives N
+// rows ordered by source rank, then source token index. Outputs (HtDispatchResult) are views into the
+// buffer's receive area: valid until the next dispatch on this buffer is enqueued, so work that reads
+// them must be ordered before that call (same stream, or an event). Three forms:
+//   * exact: the call returns once N is known (the host waits on host-mapped memory, bounded by the
+//     team's timeout); result.num_rows = N.
+//   * worst-case (num_worst_tokens > 0): no host wait at all, CUDA-graph capturable; outputs have
+//     num_worst_tokens rows, rows N.. are padding (src_idx -1, topk_idx -1, weights 0).
+//   * cached (args.cached = an earlier result's handle, same routing): skips the count exchange.
+// combine: y [N][H] BF16 (one row per received row, as dispatch returned them) goes back; the home rank
+// writes out[t] = sum over ranks that received t of y's row (float32 accumulation, ranks ascending),
+// plus bias once, as BF16 [T][H] in the original token order. Optional weights are summed the same way.
+//
+// Every call is collective (all ranks call it in the same order) and runs on the given stream, or on
+// the buffer's communication stream when HtStreams::async is set (see HtStreams). Every argument is
+// checked before anything is launched; a bad one throws epx::Error naming it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "epx/export.hpp"
+#include "epx/team.hpp"
+#include "epx/tensor.hpp"
+
+namespace epx {
+
+struct HtBufferOptions {
+  int max_tokens_per_rank = 4096;  // T_max: the most tokens one rank dispatches in one call
+  int hidden = 7168;               // H, a multiple of 128 (largest hidden the buffer holds)
+  int max_topk = 8;                // K_max
+  int num_experts = 256;           // E, a multiple of the team size
+};
+
+// Kernel configuration. Defaults per rank count come from the bench (bench/results/).
+struct HtConfig {
+  int num_sms = 16;  // CTAs of the send kernels; fewer leave more SMs to overlapping compute
+};
+EPX_API HtConfig default_ht_config(int num_ranks);
+
+// Where a call runs. By default on `stream`. With async = true it runs on the buffer's own
+// communication stream after waiting for `stream` (or for `previous_event` if given), and
+// `finished` is recorded on the communication stream: the caller waits on it before using the outputs.
+struct HtStreams {
+  cudaStream_t stream = nullptr;
+  bool async = false;
+  cudaEvent_t previous_event = nullptr;
+};
+
+class HtHandle;
+
+struct HtLayout {                            // caller-allocated device outputs of get_layout
+  int32_t* num_tokens_per_rank = nullptr;    // [R]
+  int32_t* num_tokens_per_expert = nullptr;  // [E]
+  bool* is_token_in_rank = nullptr;          // [T][R]
+};
+
+struct HtDispatchArgs {
+  TensorRef x;                             // [T][H] bf16 or fp8_e4m3
+  TensorRef x_scales;                      // fp8 only: [T][H/128] float32, any strides (column-major accepted)
+  TensorRef topk_idx;                      // [T][K] int64 or int32
+  TensorRef topk_weights;                  // [T][K] float32, or empty
+  int expert_alignment = 1;                // per-expert counts rounded up to a multiple of this
+  int64_t num_worst_tokens = 0;            // > 0: worst-case form with this many output rows
+  std::shared_ptr<const HtHandle> cached;  // cached form: the handle of an earlier dispatch
+};
+
+struct HtDispatchResult {
+  int64_t num_rows = 0;                                  // rows of every output: N (exact, cached) or num_worst_tokens
+  int64_t num_recv_tokens = -1;                          // N, or -1 in worst-case form (then it is only on the device)
+  TensorRef recv_x;                                      // [rows][H], the dtype of x
+  TensorRef recv_x_scales;                               // fp8: [rows][H/128] float32, row-major
+  TensorRef recv_src_idx;                                // [rows] int32
+  TensorRef recv_topk_idx;                               // [rows][K], the dtype of topk_idx, local expert ids or -1
+  TensorRef recv_topk_weights;                           // [rows][K] float32 (0 where recv_topk_idx is -1)
+  TensorRef num_recv_tokens_per_expert;                  // [E_local] int32, on the device
+  std::vector<int32_t> num_recv_tokens_per_expert_host;  // exact and cached forms only
+  std::shared_ptr<const HtHandle> handle;                // for combine and cached dispatch
+  cudaEvent_t finished = nullptr;                        // with HtStreams::async
+};
+
+struct HtCombineArgs {
+  TensorRef y;             // [rows >= N][H] bf16, row i for received row i
+  TensorRef topk_weights;  // [rows >= N][K] float32, or empty
+  TensorRef bias;          // [T][H] bf16, or empty
+  std::shared_ptr<const HtHandle> handle;
+};
+
+struct HtCombineResult {
+  TensorRef x;             // [T][H] bf16, in the buffer: valid until the next combine is enqueued
+  TensorRef topk_weights;  // [T][K] float32 when weights were given
+  cudaEvent_t finished = nullptr;
+};
+
+class EPX_API HtBuffer {
+ public:
+  // Collective over the team. Allocates the symmetric receive areas (see buffer_bytes()).
+  HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& config = {});
+  ~HtBuffer();
+  HtBuffer(const HtBuffer&) = delete;
+  HtBuffer& operator=(const HtBuffer&) = delete;
+
+  void get_layout(const TensorRef& topk_idx, const HtLayout& out, const HtStreams& streams);
+  HtDispatchResult dispatch(const HtDispatchArgs& args, const HtStreams& streams);
+  HtCombineResult combine(const HtCombineArgs& args, const HtStreams& streams);
+
+  const HtConfig& config() const;
+  void set_config(const HtConfig& config);
+  // Device memory this buffer allocated on this rank (symmetric areas and private scratch).
+  std::size_t buffer_bytes() const;
+  // Bytes needed per rank for `options` on a team of `num_ranks` (to size or to explain an error).
+  static std::size_t required_bytes(const HtBufferOptions& options, int num_ranks);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace epx

@@ -1,0 +1,78 @@
+// HT combine, global form. See ht.hpp for the contract and the exact summation order.
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "epx/reference/ht.hpp"
+#include "epx/reference/numeric.hpp"
+
+namespace epx::ref {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument("ht_combine: " + message); }
+
+void check_inputs(std::span<const HtCombineInput> y, const HtHandle& handle, std::span<const Matrix<uint16_t>> bias,
+                  bool with_weights) {
+  const std::size_t num_ranks = handle.num_recv_tokens.size();
+  if (num_ranks == 0 || y.size() != num_ranks || handle.send_row.size() != num_ranks) {
+    fail("expected one input per rank, matching the handle");
+  }
+  if (!bias.empty() && bias.size() != num_ranks) fail("bias must be empty or one matrix per home rank");
+  for (std::size_t r = 0; r < num_ranks; ++r) {
+    const HtCombineInput& in = y[r];
+    const std::string where = "rank " + std::to_string(r) + ": ";
+    if (in.y.cols != y[0].y.cols) fail(where + "all ranks must use the same hidden size");
+    if (in.y.rows < handle.num_recv_tokens[r]) fail(where + "y has fewer rows than received tokens");
+    if ((in.topk_weights.cols > 0) != with_weights) fail(where + "give weights on every rank or on none");
+    if (with_weights &&
+        (in.topk_weights.rows < handle.num_recv_tokens[r] || in.topk_weights.cols != y[0].topk_weights.cols)) {
+      fail(where + "topk_weights must be [rows][K] with the same K on every rank");
+    }
+    if (!bias.empty() && (bias[r].rows != handle.send_row[r].rows || bias[r].cols != in.y.cols)) {
+      fail(where + "bias must be [T][H]");
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<HtCombineOutput> ht_combine(std::span<const HtCombineInput> y, const HtHandle& handle,
+                                        std::span<const Matrix<uint16_t>> bias) {
+  const bool with_weights = !y.empty() && y[0].topk_weights.cols > 0;
+  check_inputs(y, handle, bias, with_weights);
+  const int num_ranks = static_cast<int>(y.size());
+  const int64_t hidden = y[0].y.cols;
+  const int64_t topk = with_weights ? y[0].topk_weights.cols : 0;
+
+  std::vector<HtCombineOutput> outputs;
+  for (int s = 0; s < num_ranks; ++s) {
+    const Matrix<int32_t>& send_row = handle.send_row[static_cast<std::size_t>(s)];
+    const int64_t num_tokens = send_row.rows;
+    HtCombineOutput out{Matrix<uint16_t>(num_tokens, hidden), Matrix<float>(num_tokens, topk)};
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      for (int64_t h = 0; h < hidden; ++h) {
+        float acc = 0.0f;
+        for (int r = 0; r < num_ranks; ++r) {  // ranks ascending
+          const int32_t row = send_row.at(t, r);
+          if (row != -1) acc = acc + bf16_to_float(y[static_cast<std::size_t>(r)].y.at(row, h));
+        }
+        if (!bias.empty()) acc = acc + bf16_to_float(bias[static_cast<std::size_t>(s)].at(t, h));
+        out.x.at(t, h) = float_to_bf16(acc);
+      }
+      for (int64_t k = 0; k < topk; ++k) {
+        float acc = 0.0f;
+        for (int r = 0; r < num_ranks; ++r) {
+          const int32_t row = send_row.at(t, r);
+          if (row != -1) acc = acc + y[static_cast<std::size_t>(r)].topk_weights.at(row, k);
+        }
+        out.topk_weights.at(t, k) = acc;
+      }
+    }
+    outputs.push_back(std::move(out));
+  }
+  return outputs;
+}
+
+}  // namespace epx::ref

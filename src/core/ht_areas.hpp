@@ -1,0 +1,58 @@
+// Where everything of an HtBuffer lives in its symmetric allocation (the same offsets on every rank).
+//
+//   control   notify counts and flags (see src/kernels/ht/protocol.hpp for who writes what)
+//   dispatch  the receive area: R * T_max rows of x, scales, src_idx, topk_idx, topk_weights
+//   combine   the home side's landing area: [T_max][R] rows of y and of weights
+//
+// Every array starts on a 128-byte boundary, so rows can be moved with 16-byte vectors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "epx/ht.hpp"
+
+namespace epx::core {
+
+// The flags of an HtBuffer: uint64 counters [kind][source rank] in the receiving rank's control area.
+// All grow by one per call, so a waiter asks for "at least the call number". Who writes and who waits
+// is documented with the kernels (src/kernels/ht/).
+enum HtFlag : int {
+  kDispatchNotify = 0,  // source s wrote its counts to me (or, cached, is ready to send)
+  kDispatchDone,        // source s finished writing its rows to me
+  kCombineReady,        // home s's landing area is free for this combine
+  kCombineDone,         // expert side s finished pushing its rows to me
+  kHtFlagKinds
+};
+
+struct HtAreas {
+  int num_ranks = 0;
+  int max_tokens = 0;  // T_max
+  int hidden = 0;
+  int max_topk = 0;
+  int num_experts = 0;
+  int64_t recv_rows = 0;        // R * T_max
+  std::size_t x_row_bytes = 0;  // H * 2: a BF16 row; an FP8 row uses the first half
+
+  // Offsets in the symmetric allocation.
+  std::size_t notify_counts = 0;         // int32 [R source][R]: source's tokens per destination rank
+  std::size_t notify_expert_counts = 0;  // int32 [R source][E_local]: source's tokens per local expert
+  std::size_t flags = 0;                 // uint64 [kHtFlagKinds][R source]
+  std::size_t sequence = 0;              // uint64 [kHtFlagKinds]: this rank's call numbers (owner only;
+                                         // kept on the device so that replayed CUDA graphs advance them)
+  std::size_t recv_x = 0;                // [recv_rows][x_row_bytes]
+  std::size_t recv_scales = 0;           // float [recv_rows][H/128]
+  std::size_t recv_src_idx = 0;          // int32 [recv_rows]
+  std::size_t recv_topk_idx = 0;         // int64 or int32 [recv_rows][K_max] (8 bytes reserved)
+  std::size_t recv_topk_weights = 0;     // float [recv_rows][K_max]
+  std::size_t combine_y = 0;             // bf16 [T_max][R][H]
+  std::size_t combine_weights = 0;       // float [T_max][R][K_max]
+  std::size_t total = 0;
+
+  int experts_per_rank() const { return num_experts / num_ranks; }
+  int scale_cols() const { return hidden / 128; }
+};
+
+HtAreas ht_areas(const HtBufferOptions& options, int num_ranks);
+
+}  // namespace epx::core

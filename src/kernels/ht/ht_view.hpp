@@ -1,0 +1,73 @@
+// What the HT kernels receive: plain structs passed by value (no host types).
+#pragma once
+
+#include <cstdint>
+
+#include "core/ht_areas.hpp"
+#include "transport/device/team_view.hpp"
+
+namespace epx::kernels::ht {
+
+// The buffer's symmetric areas on every rank, with the offsets of core::HtAreas.
+struct BufferView {
+  transport::TeamView team;
+  transport::SymmetricView base;  // base.base[r]: rank r's HtBuffer allocation
+  uint64_t notify_counts, notify_expert_counts, flags, sequence;
+  uint64_t recv_x, recv_scales, recv_src_idx, recv_topk_idx, recv_topk_weights;
+  uint64_t combine_y, combine_weights;
+  int32_t max_tokens, hidden, max_topk, num_experts;
+
+  template <typename T>
+  __host__ __device__ T* at(int rank, uint64_t offset) const {
+    return reinterpret_cast<T*>(base.base[rank] + offset);
+  }
+  __host__ __device__ int experts_per_rank() const { return num_experts / team.nranks; }
+  // notify_counts is [R source][R + 1]: the source's tokens per destination rank, then its status.
+  __host__ __device__ int notify_stride() const { return team.nranks + 1; }
+  __device__ uint64_t* flag(int owner, int kind, int source) const {
+    return at<uint64_t>(owner, flags) + kind * team.nranks + source;
+  }
+};
+
+// Routing state of one dispatch, kept by its HtHandle (device memory owned by the handle).
+struct HandleView {
+  int32_t* send_pos;             // [T][R]: index of token t among this rank's tokens for rank r, -1 if not sent
+  int32_t* send_begin;           // [R]: first row of this rank's rows on rank r
+  int32_t* recv_begin;           // [R + 1]: rows from source s are [recv_begin[s], recv_begin[s + 1]); [R] = N
+  int32_t* recv_src_idx;         // [R * T_max]: source token of each received row
+  int32_t* expert_counts;        // [E_local]: received rows per local expert, aligned
+  int32_t* rank_counts;          // [R]: this rank's tokens per destination rank (layout)
+  int32_t* expert_token_counts;  // [E]: this rank's tokens per expert (layout)
+};
+
+// Where an invalid input was found (host-mapped, written by the layout kernel).
+struct InputError {
+  int32_t found;  // 0 or 1
+  int32_t token, slot;
+  int64_t value;
+};
+
+// What the notify kernel tells the host in the exact form (host-mapped). The host clears `ready`
+// before launching and waits for it; the kernel writes the rest, a system fence, then ready = 1.
+struct HostMailbox {
+  int32_t ready;
+  int32_t num_recv;          // N
+  int32_t failed_rank;       // -1, or a rank whose input was invalid (then nothing was sent)
+  int32_t expert_counts[1];  // [E_local], allocated to size
+};
+
+struct TokensView {  // one rank's dispatch input
+  const uint8_t* x;
+  int64_t x_row_bytes_stride;
+  int32_t x_row_bytes;  // H * element size
+  const float* scales;  // fp8 only, else null
+  int64_t scale_row_stride, scale_col_stride;
+  const void* topk_idx;
+  bool topk_int64;
+  int64_t topk_row_stride;
+  const float* weights;  // may be null
+  int64_t weights_row_stride;
+  int32_t num_tokens, topk;
+};
+
+}  // namespace epx::kernels::ht
