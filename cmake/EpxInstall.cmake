@@ -10,7 +10,9 @@ install(FILES
           include/epx/epx.hpp
           include/epx/error.hpp
           include/epx/export.hpp
+          include/epx/ht.hpp
           include/epx/team.hpp
+          include/epx/tensor.hpp
           include/epx/version.hpp
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/epx)
 install(EXPORT epxTargets NAMESPACE epx:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/epx)

@@ -2,5 +2,7 @@
 #pragma once
 
 #include "epx/error.hpp"
+#include "epx/ht.hpp"
 #include "epx/team.hpp"
+#include "epx/tensor.hpp"
 #include "epx/version.hpp"

@@ -13,6 +13,14 @@ const char* phase_name(WaitPhase phase) {
       return "team barrier";
     case WaitPhase::test_signal:
       return "transport test signal";
+    case WaitPhase::ht_notify:
+      return "HT dispatch count exchange";
+    case WaitPhase::ht_dispatch_done:
+      return "HT dispatch rows";
+    case WaitPhase::ht_combine_ready:
+      return "HT combine handshake";
+    case WaitPhase::ht_combine_done:
+      return "HT combine rows";
   }
   return "unknown phase";
 }

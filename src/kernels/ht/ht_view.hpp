@@ -29,6 +29,13 @@ struct BufferView {
   }
 };
 
+// Where an invalid input was found (host-mapped, written by the layout kernel).
+struct InputError {
+  int32_t found;  // 0 or 1
+  int32_t token, slot;
+  int64_t value;
+};
+
 // Routing state of one dispatch, kept by its HtHandle (device memory owned by the handle).
 struct HandleView {
   int32_t* send_pos;             // [T][R]: index of token t among this rank's tokens for rank r, -1 if not sent
@@ -38,21 +45,22 @@ struct HandleView {
   int32_t* expert_counts;        // [E_local]: received rows per local expert, aligned
   int32_t* rank_counts;          // [R]: this rank's tokens per destination rank (layout)
   int32_t* expert_token_counts;  // [E]: this rank's tokens per expert (layout)
+  int32_t* status;               // [1]: 0, or 1 + the rank whose input was invalid (then nothing is sent)
+  InputError* input_error;       // [1]: this rank's invalid input found by the layout kernel
 };
 
-// Where an invalid input was found (host-mapped, written by the layout kernel).
-struct InputError {
-  int32_t found;  // 0 or 1
-  int32_t token, slot;
-  int64_t value;
-};
-
-// What the notify kernel tells the host in the exact form (host-mapped). The host clears `ready`
-// before launching and waits for it; the kernel writes the rest, a system fence, then ready = 1.
+// What the kernels tell the host (host-mapped, one per buffer).
+//   * Per call: the host passes a new `ticket` to the notify kernel, which writes num_recv and
+//     expert_counts, a system fence, then ready = ticket. An exact-form call waits for its ticket (a
+//     replayed graph of an older call writes an older ticket, never this one).
+//   * Sticky: a failed input or a worst-case overflow is recorded by a kernel and stays until the host
+//     reports it (at the end of an exact call, or at the entry of the next call), then clears it.
 struct HostMailbox {
-  int32_t ready;
+  uint32_t ready;
   int32_t num_recv;          // N
-  int32_t failed_rank;       // -1, or a rank whose input was invalid (then nothing was sent)
+  int32_t failed_rank;       // sticky: -1, or the first rank whose input was invalid (nothing was sent)
+  int32_t overflow;          // sticky: 0, or N of a worst-case call whose N exceeded num_worst_tokens
+  InputError input;          // sticky: this rank's invalid input, if any (from the layout kernels)
   int32_t expert_counts[1];  // [E_local], allocated to size
 };
 

@@ -21,8 +21,12 @@ struct SymmetricView {
 // the host error names them.
 enum class WaitPhase : uint32_t {
   none = 0,
-  barrier,      // team barrier: waiting for a peer's arrival
-  test_signal,  // transport test: waiting for a peer's put-with-signal
+  barrier,           // team barrier: waiting for a peer's arrival
+  test_signal,       // transport test: waiting for a peer's put-with-signal
+  ht_notify,         // HT dispatch: waiting for a source's counts
+  ht_dispatch_done,  // HT dispatch: waiting for a source's rows
+  ht_combine_ready,  // HT combine: waiting for a home rank to free its landing area
+  ht_combine_done,   // HT combine: waiting for an expert side's rows
 };
 
 // The record of the first wait of a team that expired. Lives in host-mapped memory, so the host can

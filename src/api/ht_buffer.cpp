@@ -1,0 +1,441 @@
+// HtBuffer: argument checks, the order of the HT kernels, and the host side of the exact form.
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "api/ht_handle.hpp"
+#include "core/cuda_check.hpp"
+#include "core/ht_areas.hpp"
+#include "core/validate.hpp"
+#include "epx/ht.hpp"
+#include "kernels/ht/launch.hpp"
+#include "transport/team_impl.hpp"
+
+namespace epx {
+
+using detail::check_cuda;
+using detail::require;
+namespace kh = kernels::ht;
+
+HtConfig default_ht_config(int num_ranks) {
+  HtConfig config;
+  config.num_sms = num_ranks <= 2 ? 16 : 24;  // first guesses; replaced by bench/results tuning
+  return config;
+}
+
+namespace {
+
+// One cudaMalloc holding every array of the handle, each 16-byte aligned.
+std::size_t handle_bytes(int T, int R, int max_tokens, int E, kh::HandleView* view, char* base) {
+  std::size_t cursor = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t at = (cursor + 15) / 16 * 16;
+    cursor = at + bytes;
+    return base == nullptr ? nullptr : base + at;
+  };
+  const int E_local = E / R;
+  auto* send_pos = take(sizeof(int32_t) * std::size_t(T) * R);
+  auto* send_begin = take(sizeof(int32_t) * R);
+  auto* recv_begin = take(sizeof(int32_t) * (R + 1));
+  auto* recv_src_idx = take(sizeof(int32_t) * std::size_t(R) * max_tokens);
+  auto* expert_counts = take(sizeof(int32_t) * E_local);
+  auto* rank_counts = take(sizeof(int32_t) * R);
+  auto* expert_token_counts = take(sizeof(int32_t) * E);
+  auto* status = take(sizeof(int32_t));
+  auto* input_error = take(sizeof(kh::InputError));
+  if (view != nullptr) {
+    *view = kh::HandleView{reinterpret_cast<int32_t*>(send_pos),
+                           reinterpret_cast<int32_t*>(send_begin),
+                           reinterpret_cast<int32_t*>(recv_begin),
+                           reinterpret_cast<int32_t*>(recv_src_idx),
+                           reinterpret_cast<int32_t*>(expert_counts),
+                           reinterpret_cast<int32_t*>(rank_counts),
+                           reinterpret_cast<int32_t*>(expert_token_counts),
+                           reinterpret_cast<int32_t*>(status),
+                           reinterpret_cast<kh::InputError*>(input_error)};
+  }
+  return cursor;
+}
+
+}  // namespace
+
+HtHandle::HtHandle(const void* owner_, int num_tokens_, int topk_, int num_ranks, int max_tokens, int num_experts,
+                   cudaStream_t stream)
+    : owner(owner_), num_tokens(num_tokens_), topk(topk_) {
+  const std::size_t bytes = handle_bytes(num_tokens, num_ranks, max_tokens, num_experts, nullptr, nullptr);
+  check_cuda(cudaMalloc(&memory_, bytes), "cudaMalloc(HT handle)");
+  check_cuda(cudaMemsetAsync(memory_, 0, bytes, stream), "cudaMemsetAsync(HT handle)");
+  handle_bytes(num_tokens, num_ranks, max_tokens, num_experts, &view, static_cast<char*>(memory_));
+}
+
+HtHandle::~HtHandle() { cudaFree(memory_); }
+
+struct HtBuffer::Impl {
+  Team& team;
+  HtBufferOptions options;
+  HtConfig config;
+  core::HtAreas areas;
+  SymmetricMemory memory;
+  cudaStream_t comm_stream = nullptr;
+  kh::HostMailbox* mailbox = nullptr;  // host-mapped
+  kh::HostMailbox* mailbox_device = nullptr;
+  uint32_t next_ticket = 0;
+  uint32_t* blocks_done = nullptr;       // [2]: dispatch_send, combine_push
+  uint16_t* combine_out = nullptr;       // [T_max][H]
+  float* combine_out_weights = nullptr;  // [T_max][K_max]
+  std::size_t private_bytes = 0;
+
+  Impl(Team& t, const HtBufferOptions& o, const HtConfig& c) : team(t), options(o), config(c) {}
+  ~Impl();
+
+  kh::BufferView view() const;
+  cudaStream_t begin(const HtStreams& streams);
+  cudaEvent_t end(const HtStreams& streams, cudaStream_t stream);
+  void report_sticky_errors();
+  void wait_for_ticket(uint32_t ticket, cudaStream_t stream);
+  void validate_config(const HtConfig& c) const;
+};
+
+HtBuffer::Impl::~Impl() {
+  if (comm_stream != nullptr) cudaStreamDestroy(comm_stream);
+  if (mailbox != nullptr) cudaFreeHost(mailbox);
+  cudaFree(blocks_done);
+  cudaFree(combine_out);
+  cudaFree(combine_out_weights);
+}
+
+kh::BufferView HtBuffer::Impl::view() const {
+  kh::BufferView v{};
+  v.team = team.impl().view();
+  v.base = team.impl().symmetric_view(memory);
+  v.notify_counts = areas.notify_counts;
+  v.notify_expert_counts = areas.notify_expert_counts;
+  v.flags = areas.flags;
+  v.sequence = areas.sequence;
+  v.recv_x = areas.recv_x;
+  v.recv_scales = areas.recv_scales;
+  v.recv_src_idx = areas.recv_src_idx;
+  v.recv_topk_idx = areas.recv_topk_idx;
+  v.recv_topk_weights = areas.recv_topk_weights;
+  v.combine_y = areas.combine_y;
+  v.combine_weights = areas.combine_weights;
+  v.max_tokens = options.max_tokens_per_rank;
+  v.hidden = options.hidden;
+  v.max_topk = options.max_topk;
+  v.num_experts = options.num_experts;
+  return v;
+}
+
+void HtBuffer::Impl::validate_config(const HtConfig& c) const {
+  require(c.num_sms >= 1 && c.num_sms <= 1024,
+          "HtConfig::num_sms must be in [1, 1024], got " + std::to_string(c.num_sms));
+}
+
+// Where the kernels of one call run (see HtStreams).
+cudaStream_t HtBuffer::Impl::begin(const HtStreams& streams) {
+  if (!streams.async) return streams.stream;
+  cudaEvent_t ready = streams.previous_event;
+  if (ready == nullptr) {
+    check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventRecord(ready, streams.stream), "cudaEventRecord");
+  }
+  check_cuda(cudaStreamWaitEvent(comm_stream, ready, 0), "cudaStreamWaitEvent");
+  if (streams.previous_event == nullptr) cudaEventDestroy(ready);
+  return comm_stream;
+}
+
+cudaEvent_t HtBuffer::Impl::end(const HtStreams& streams, cudaStream_t stream) {
+  if (!streams.async) return nullptr;
+  cudaEvent_t finished = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&finished, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventRecord(finished, stream), "cudaEventRecord");
+  return finished;
+}
+
+// Errors that kernels of earlier calls recorded without the host waiting for them.
+void HtBuffer::Impl::report_sticky_errors() {
+  volatile kh::HostMailbox* m = mailbox;
+  if (m->failed_rank >= 0) {
+    const int failed = m->failed_rank;
+    const kh::InputError input{m->input.found, m->input.token, m->input.slot, m->input.value};
+    m->failed_rank = -1;
+    m->input.found = 0;
+    if (failed == team.rank() && input.found) {
+      detail::fail(ErrorKind::invalid_argument,
+                   "HT dispatch: topk_idx[" + std::to_string(input.token) + "][" + std::to_string(input.slot) +
+                       "] = " + std::to_string(input.value) + " is not an expert id in [-1, " +
+                       std::to_string(options.num_experts) + "); the dispatch sent nothing on any rank");
+    }
+    detail::fail(ErrorKind::invalid_argument, "HT dispatch: rank " + std::to_string(failed) +
+                                                  " passed an invalid topk_idx; the dispatch sent nothing on any rank");
+  }
+  if (m->overflow != 0) {
+    const int n = m->overflow;
+    m->overflow = 0;
+    detail::fail(ErrorKind::invalid_argument,
+                 "HT dispatch (worst-case form): " + std::to_string(n) +
+                     " rows arrived but num_worst_tokens was smaller; rows past it were "
+                     "not returned: raise num_worst_tokens (at most R * max_tokens_per_rank)");
+  }
+}
+
+// The exact form's host wait: bounded by the team's timeout, and it gives up early when the stream
+// reports an error or a device wait of the team has expired.
+void HtBuffer::Impl::wait_for_ticket(uint32_t ticket, cudaStream_t stream) {
+  const auto start = std::chrono::steady_clock::now();
+  volatile uint32_t* ready = &mailbox->ready;
+  for (uint32_t spin = 0; *ready != ticket; ++spin) {
+    if (spin < 1000) continue;
+    const cudaError_t status = cudaStreamQuery(stream);
+    if (status != cudaSuccess && status != cudaErrorNotReady) check_cuda(status, "HT dispatch kernels");
+    if (status == cudaSuccess && *ready != ticket) {
+      team.check_device_errors();
+      detail::fail(ErrorKind::internal, "HT dispatch: the kernels finished but did not report the received count");
+    }
+    if (std::chrono::steady_clock::now() - start > team.options().wait_timeout) {
+      team.check_device_errors();
+      detail::fail(ErrorKind::timeout, "HT dispatch: the received count did not arrive within the team's timeout");
+    }
+    std::this_thread::yield();
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+}
+
+HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& config)
+    : impl_(std::make_unique<Impl>(team, options, config)) {
+  detail::ScopedRank scoped(team.rank());
+  const int R = team.size();
+  require(options.max_tokens_per_rank >= 1, "HtBufferOptions::max_tokens_per_rank must be >= 1");
+  require(options.hidden >= 128 && options.hidden % 128 == 0,
+          "HtBufferOptions::hidden must be a positive multiple of 128, got " + std::to_string(options.hidden));
+  require(options.max_topk >= 1 && options.max_topk <= 32,
+          "HtBufferOptions::max_topk must be in [1, 32], got " + std::to_string(options.max_topk));
+  require(options.num_experts >= R && options.num_experts % R == 0,
+          "HtBufferOptions::num_experts (" + std::to_string(options.num_experts) +
+              ") must be a positive multiple of the team size (" + std::to_string(R) + ")");
+  require(int64_t(R) * options.max_tokens_per_rank < (int64_t(1) << 31), "R * max_tokens_per_rank must fit in int32");
+  impl_->validate_config(config);
+  impl_->areas = core::ht_areas(options, R);
+  impl_->memory = team.allocate_symmetric(impl_->areas.total);
+  check_cuda(cudaStreamCreateWithFlags(&impl_->comm_stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const int E_local = options.num_experts / R;
+  const std::size_t mailbox_bytes = sizeof(kh::HostMailbox) + sizeof(int32_t) * E_local;
+  void* mailbox = nullptr;
+  check_cuda(cudaHostAlloc(&mailbox, mailbox_bytes, cudaHostAllocMapped), "cudaHostAlloc(HT mailbox)");
+  std::memset(mailbox, 0, mailbox_bytes);
+  impl_->mailbox = static_cast<kh::HostMailbox*>(mailbox);
+  impl_->mailbox->failed_rank = -1;
+  check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->mailbox_device), mailbox, 0),
+             "cudaHostGetDevicePointer");
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->blocks_done), 2 * sizeof(uint32_t)), "cudaMalloc");
+  check_cuda(cudaMemset(impl_->blocks_done, 0, 2 * sizeof(uint32_t)), "cudaMemset");
+  const std::size_t out_bytes = std::size_t(options.max_tokens_per_rank) * options.hidden * 2;
+  const std::size_t out_weight_bytes = std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float);
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out), out_bytes), "cudaMalloc(HT combine output)");
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out_weights), out_weight_bytes),
+             "cudaMalloc(HT combine weights)");
+  impl_->private_bytes = out_bytes + out_weight_bytes + 2 * sizeof(uint32_t);
+}
+
+HtBuffer::~HtBuffer() = default;
+
+const HtConfig& HtBuffer::config() const { return impl_->config; }
+
+void HtBuffer::set_config(const HtConfig& config) {
+  detail::ScopedRank scoped(impl_->team.rank());
+  impl_->validate_config(config);
+  impl_->config = config;
+}
+
+std::size_t HtBuffer::buffer_bytes() const { return impl_->areas.total + impl_->private_bytes; }
+
+std::size_t HtBuffer::required_bytes(const HtBufferOptions& options, int num_ranks) {
+  return core::ht_areas(options, num_ranks).total + std::size_t(options.max_tokens_per_rank) * options.hidden * 2 +
+         std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float);
+}
+
+void HtBuffer::get_layout(const TensorRef& topk_idx, const HtLayout& out, const HtStreams& streams) {
+  Impl& im = *impl_;
+  detail::ScopedRank scoped(im.team.rank());
+  im.report_sticky_errors();
+  core::check_tensor(topk_idx, {"topk_idx", {ScalarType::int64, ScalarType::int32}});
+  require(topk_idx.rows <= im.options.max_tokens_per_rank, "topk_idx has " + std::to_string(topk_idx.rows) +
+                                                               " tokens, more than the buffer's max_tokens_per_rank (" +
+                                                               std::to_string(im.options.max_tokens_per_rank) + ")");
+  require(out.num_tokens_per_rank != nullptr && out.num_tokens_per_expert != nullptr,
+          "get_layout: num_tokens_per_rank and num_tokens_per_expert are required outputs");
+  require(topk_idx.rows == 0 || out.is_token_in_rank != nullptr, "get_layout: is_token_in_rank is a required output");
+  const cudaStream_t stream = im.begin(streams);
+  kh::LayoutOutputs outputs;
+  outputs.rank_counts = out.num_tokens_per_rank;
+  outputs.expert_token_counts = out.num_tokens_per_expert;
+  outputs.is_token_in_rank = out.is_token_in_rank;
+  outputs.error = &im.mailbox_device->input;
+  kh::launch_layout(topk_idx.data, topk_idx.type == ScalarType::int64, topk_idx.row_stride, int(topk_idx.rows),
+                    int(topk_idx.cols), im.team.size(), im.options.num_experts, outputs, stream);
+  im.end(streams, stream);
+}
+
+HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams& streams) {
+  Impl& im = *impl_;
+  detail::ScopedRank scoped(im.team.rank());
+  require(!im.team.failed(), "HT dispatch on a failed team");
+  im.report_sticky_errors();
+  const int R = im.team.size();
+  const int64_t T = args.topk_idx.rows;
+  const int64_t H = args.x.cols;
+  const bool fp8 = args.x.type == ScalarType::fp8_e4m3;
+  require(T <= im.options.max_tokens_per_rank, "HT dispatch of " + std::to_string(T) +
+                                                   " tokens, more than the buffer's max_tokens_per_rank (" +
+                                                   std::to_string(im.options.max_tokens_per_rank) + ")");
+  core::check_tensor(args.x, {"x", {ScalarType::bf16, ScalarType::fp8_e4m3}, T, -1, true, 16});
+  require(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
+          "x has hidden " + std::to_string(H) + ": it must be a positive multiple of 128, at most the buffer's " +
+              std::to_string(im.options.hidden));
+  core::check_tensor(args.topk_idx, {"topk_idx", {ScalarType::int64, ScalarType::int32}});
+  const int64_t K = args.topk_idx.cols;
+  require(
+      K >= 1 && K <= im.options.max_topk,
+      "topk_idx has " + std::to_string(K) + " columns; the buffer allows 1 to " + std::to_string(im.options.max_topk));
+  core::check_optional_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, T, K});
+  if (fp8) {
+    core::check_tensor(args.x_scales, {"x_scales", {ScalarType::float32}, T, H / 128, false});
+  } else {
+    require(args.x_scales.empty(), "x_scales is given but x is bf16 (scales go with fp8_e4m3 x only)");
+  }
+  require(args.expert_alignment >= 1, "expert_alignment must be >= 1");
+  const int64_t capacity = im.areas.recv_rows;
+  require(args.num_worst_tokens >= 0 && args.num_worst_tokens <= capacity,
+          "num_worst_tokens must be in [0, R * max_tokens_per_rank = " + std::to_string(capacity) + "], got " +
+              std::to_string(args.num_worst_tokens));
+  if (args.cached) {
+    require(args.cached->owner == &im, "the cached handle comes from another HtBuffer");
+    require(args.cached->num_tokens == T && args.cached->topk == K,
+            "the cached handle was made for " + std::to_string(args.cached->num_tokens) + " tokens of top-" +
+                std::to_string(args.cached->topk) + ", not " + std::to_string(T) + " of top-" + std::to_string(K));
+  }
+
+  const cudaStream_t stream = im.begin(streams);
+  std::shared_ptr<HtHandle> fresh;
+  const HtHandle* handle = args.cached.get();
+  if (handle == nullptr) {
+    fresh = std::make_shared<HtHandle>(&im, int(T), int(K), R, im.options.max_tokens_per_rank, im.options.num_experts,
+                                       stream);
+    handle = fresh.get();
+    kh::LayoutOutputs outputs;
+    outputs.send_pos = handle->view.send_pos;
+    outputs.rank_counts = handle->view.rank_counts;
+    outputs.expert_token_counts = handle->view.expert_token_counts;
+    outputs.error = handle->view.input_error;
+    kh::launch_layout(args.topk_idx.data, args.topk_idx.type == ScalarType::int64, args.topk_idx.row_stride, int(T),
+                      int(K), R, im.options.num_experts, outputs, stream);
+  }
+  const kh::BufferView view = im.view();
+  const uint32_t ticket = ++im.next_ticket;
+  kh::NotifyArgs notify{view,
+                        handle->view,
+                        im.mailbox_device,
+                        ticket,
+                        args.expert_alignment,
+                        args.num_worst_tokens,
+                        int32_t(K),
+                        args.topk_idx.type == ScalarType::int64,
+                        handle != fresh.get()};
+  kh::launch_notify(notify, stream);
+  kh::TokensView tokens{};
+  tokens.x = static_cast<const uint8_t*>(args.x.data);
+  tokens.x_row_bytes_stride = args.x.row_stride * element_size(args.x.type);
+  tokens.x_row_bytes = int32_t(H * element_size(args.x.type));
+  tokens.scales = fp8 ? static_cast<const float*>(args.x_scales.data) : nullptr;
+  tokens.scale_row_stride = args.x_scales.row_stride;
+  tokens.scale_col_stride = args.x_scales.col_stride;
+  tokens.topk_idx = args.topk_idx.data;
+  tokens.topk_int64 = args.topk_idx.type == ScalarType::int64;
+  tokens.topk_row_stride = args.topk_idx.row_stride;
+  tokens.weights = static_cast<const float*>(args.topk_weights.data);
+  tokens.weights_row_stride = args.topk_weights.row_stride;
+  tokens.num_tokens = int32_t(T);
+  tokens.topk = int32_t(K);
+  kh::launch_dispatch_send(kh::SendArgs{view, handle->view, tokens, handle == fresh.get(), im.blocks_done},
+                           im.config.num_sms, stream);
+
+  HtDispatchResult result;
+  if (args.num_worst_tokens == 0) {
+    im.wait_for_ticket(ticket, stream);
+    im.report_sticky_errors();
+    result.num_recv_tokens = im.mailbox->num_recv;
+    result.num_rows = result.num_recv_tokens;
+    result.num_recv_tokens_per_expert_host.assign(im.mailbox->expert_counts,
+                                                  im.mailbox->expert_counts + im.options.num_experts / R);
+  } else {
+    result.num_rows = args.num_worst_tokens;
+  }
+  if (fresh) {
+    fresh->num_rows = result.num_rows;
+    fresh->num_recv = result.num_recv_tokens;
+    fresh->expert_counts_host = result.num_recv_tokens_per_expert_host;
+  }
+  char* base = static_cast<char*>(im.memory.local());
+  const int64_t rows = result.num_rows;
+  result.recv_x = TensorRef::matrix(base + im.areas.recv_x, args.x.type, rows, H);
+  if (fp8) result.recv_x_scales = TensorRef::matrix(base + im.areas.recv_scales, ScalarType::float32, rows, H / 128);
+  result.recv_src_idx = TensorRef::vector(base + im.areas.recv_src_idx, ScalarType::int32, rows);
+  result.recv_topk_idx = TensorRef::matrix(base + im.areas.recv_topk_idx, args.topk_idx.type, rows, K);
+  result.recv_topk_weights = TensorRef::matrix(base + im.areas.recv_topk_weights, ScalarType::float32, rows, K);
+  result.num_recv_tokens_per_expert =
+      TensorRef::vector(handle->view.expert_counts, ScalarType::int32, im.options.num_experts / R);
+  result.handle = fresh ? std::shared_ptr<const HtHandle>(fresh) : args.cached;
+  result.finished = im.end(streams, stream);
+  return result;
+}
+
+HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& streams) {
+  Impl& im = *impl_;
+  detail::ScopedRank scoped(im.team.rank());
+  require(!im.team.failed(), "HT combine on a failed team");
+  im.report_sticky_errors();
+  require(args.handle != nullptr, "HT combine needs the handle of the dispatch it reverses");
+  const HtHandle& handle = *args.handle;
+  require(handle.owner == &im, "the combine handle comes from another HtBuffer");
+  const int64_t H = args.y.cols;
+  core::check_tensor(args.y, {"y", {ScalarType::bf16}, -1, -1, true, 16});
+  require(args.y.rows >= handle.num_rows,
+          "y has " + std::to_string(args.y.rows) + " rows; the dispatch returned " + std::to_string(handle.num_rows));
+  require(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
+          "y has hidden " + std::to_string(H) + ": it must be a positive multiple of 128, at most the buffer's " +
+              std::to_string(im.options.hidden));
+  core::check_optional_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, args.y.rows, handle.topk});
+  core::check_optional_tensor(args.bias, {"bias", {ScalarType::bf16}, handle.num_tokens, H, true, 16});
+
+  const cudaStream_t stream = im.begin(streams);
+  kh::CombineArgs c{};
+  c.buffer = im.view();
+  c.handle = handle.view;
+  c.y = static_cast<const uint16_t*>(args.y.data);
+  c.y_row_stride = args.y.row_stride;
+  c.weights = static_cast<const float*>(args.topk_weights.data);
+  c.weights_row_stride = args.topk_weights.row_stride;
+  c.bias = static_cast<const uint16_t*>(args.bias.data);
+  c.bias_row_stride = args.bias.row_stride;
+  c.out = im.combine_out;
+  c.out_weights = args.topk_weights.empty() ? nullptr : im.combine_out_weights;
+  c.num_tokens = handle.num_tokens;
+  c.topk = handle.topk;
+  c.hidden = int32_t(H);
+  c.blocks_done = im.blocks_done + 1;
+  kh::launch_combine(c, im.config.num_sms, stream);
+
+  HtCombineResult result;
+  result.x = TensorRef::matrix(im.combine_out, ScalarType::bf16, handle.num_tokens, H);
+  if (c.out_weights != nullptr) {
+    result.topk_weights =
+        TensorRef::matrix(im.combine_out_weights, ScalarType::float32, handle.num_tokens, handle.topk);
+  }
+  result.finished = im.end(streams, stream);
+  return result;
+}
+
+}  // namespace epx

@@ -1,0 +1,29 @@
+// Argument checks shared by the API entry points: each throws epx::Error (invalid_argument) naming the
+// argument and what was wrong, before anything is launched.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "epx/tensor.hpp"
+
+namespace epx::core {
+
+struct Expect {
+  const char* name;                         // the argument, as the caller knows it
+  std::initializer_list<ScalarType> types;  // accepted element types
+  int64_t rows = -1;                        // required rows, or -1 for any
+  int64_t cols = -1;                        // required columns, or -1 for any
+  bool dense_rows = true;                   // columns contiguous (col_stride 1)
+  int alignment = 1;                        // bytes: data and row pitch must be multiples of it
+};
+
+// Checks a tensor that must be present.
+void check_tensor(const TensorRef& t, const Expect& e);
+// Checks a tensor that may be absent (data == nullptr with 0 rows, or an all-default TensorRef).
+void check_optional_tensor(const TensorRef& t, const Expect& e);
+
+std::string shape_string(const TensorRef& t);
+
+}  // namespace epx::core

@@ -1,0 +1,64 @@
+// Host-side launchers of the HT kernels (src/kernels/ht/*.cu). Arguments are validated by the caller
+// (src/api/ht_buffer.cpp) before any of these runs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/ht/ht_view.hpp"
+
+namespace epx::kernels::ht {
+
+struct LayoutOutputs {
+  int32_t* send_pos = nullptr;             // [T][R] or null
+  int32_t* rank_counts = nullptr;          // [R]
+  int32_t* expert_token_counts = nullptr;  // [E]
+  bool* is_token_in_rank = nullptr;        // [T][R] or null
+  InputError* error = nullptr;             // first invalid expert id, or null
+};
+
+// Counts tokens per rank and per expert, and each token's position among the tokens for each rank.
+void launch_layout(const void* topk_idx, bool topk_int64, int64_t topk_row_stride, int num_tokens, int topk,
+                   int num_ranks, int num_experts, const LayoutOutputs& out, cudaStream_t stream);
+
+struct NotifyArgs {
+  BufferView buffer;
+  HandleView handle;
+  HostMailbox* mailbox;  // N, expert counts and sticky errors for the host
+  uint32_t ticket;       // written to mailbox->ready when done
+  int32_t expert_alignment;
+  int64_t num_worst_tokens;  // > 0: fill padding rows [N, num_worst_tokens)
+  int32_t topk;
+  bool topk_int64;
+  bool cached;  // only the handshake: counts come from the handle
+};
+// Count exchange (or, cached, the handshake) of one dispatch; one CTA.
+void launch_notify(const NotifyArgs& args, cudaStream_t stream);
+
+struct SendArgs {
+  BufferView buffer;
+  HandleView handle;
+  TokensView tokens;
+  bool copy_src_idx;      // fill handle.recv_src_idx (not in the cached form: the handle has them)
+  uint32_t* blocks_done;  // private counter of finished CTAs (zero between calls)
+};
+// Writes every row into its receivers' final place, then signals; waits for every source's rows.
+void launch_dispatch_send(const SendArgs& args, int num_blocks, cudaStream_t stream);
+
+struct CombineArgs {
+  BufferView buffer;
+  HandleView handle;
+  const uint16_t* y;  // [rows][H] bf16
+  int64_t y_row_stride;
+  const float* weights;  // [rows][K] or null
+  int64_t weights_row_stride;
+  const uint16_t* bias;  // [T][H] or null
+  int64_t bias_row_stride;
+  uint16_t* out;       // [T][H]
+  float* out_weights;  // [T][K] or null
+  int32_t num_tokens, topk, hidden;
+  uint32_t* blocks_done;
+};
+// Pushes each received row's y back to its home rank, then the home ranks reduce.
+void launch_combine(const CombineArgs& args, int num_blocks, cudaStream_t stream);
+
+}  // namespace epx::kernels::ht

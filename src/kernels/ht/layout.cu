@@ -1,0 +1,98 @@
+// HT layout: from topk_idx, each token's ranks and experts.
+//
+// Grid: R "rank" CTAs, then ceil(E / kExpertsPerCta) "expert" CTAs.
+//  * Rank CTA r walks the tokens in tiles of blockDim; a token goes to r if any of its experts lives
+//    there. A block-wide exclusive scan gives its position among the tokens for r (send_pos), the
+//    running total gives rank_counts[r].
+//  * Expert CTA b counts, for experts [b * kExpertsPerCta, ...), the tokens naming each (a token naming
+//    an expert twice counts once) with shared-memory atomics.
+// An id outside [-1, E) is recorded in `error` (first one wins) and ignored; the notify kernel turns
+// it into a failed call on every rank.
+#include <cub/block/block_scan.cuh>
+
+#include "core/cuda_check.hpp"
+#include "kernels/ht/launch.hpp"
+
+namespace epx::kernels::ht {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kExpertsPerCta = 64;
+
+__device__ int64_t topk_at(const void* topk, bool is_int64, int64_t row_stride, int t, int k) {
+  return is_int64 ? static_cast<const int64_t*>(topk)[t * row_stride + k]
+                  : static_cast<const int32_t*>(topk)[t * row_stride + k];
+}
+
+__device__ void record_error(InputError* error, int t, int k, int64_t value) {
+  if (error == nullptr || atomicCAS(&error->found, 0, 1) != 0) return;
+  error->token = t;
+  error->slot = k;
+  error->value = value;
+  __threadfence_system();
+}
+
+__global__ void __launch_bounds__(kThreads)
+    layout_kernel(const void* topk, bool is_int64, int64_t row_stride, int num_tokens, int topk_n, int num_ranks,
+                  int num_experts, LayoutOutputs out) {
+  const int experts_per_rank = num_experts / num_ranks;
+  if (blockIdx.x < num_ranks) {
+    using Scan = cub::BlockScan<int, kThreads>;
+    __shared__ typename Scan::TempStorage scan_storage;
+    const int r = blockIdx.x;
+    int total = 0;
+    for (int tile = 0; tile < num_tokens; tile += kThreads) {
+      const int t = tile + threadIdx.x;
+      int in_rank = 0;
+      if (t < num_tokens) {
+        for (int k = 0; k < topk_n; ++k) {
+          const int64_t e = topk_at(topk, is_int64, row_stride, t, k);
+          if (e < -1 || e >= num_experts) {
+            if (r == 0) record_error(out.error, t, k, e);
+            continue;
+          }
+          in_rank |= e >= 0 && e / experts_per_rank == r;
+        }
+      }
+      int position, tile_total;
+      Scan(scan_storage).ExclusiveSum(in_rank, position, tile_total);
+      if (t < num_tokens) {
+        if (out.send_pos != nullptr) out.send_pos[t * num_ranks + r] = in_rank ? total + position : -1;
+        if (out.is_token_in_rank != nullptr) out.is_token_in_rank[t * num_ranks + r] = in_rank;
+      }
+      total += tile_total;
+      __syncthreads();  // scan_storage is reused by the next tile
+    }
+    if (threadIdx.x == 0) out.rank_counts[r] = total;
+    return;
+  }
+  __shared__ int counts[kExpertsPerCta];
+  const int first = (blockIdx.x - num_ranks) * kExpertsPerCta;
+  for (int i = threadIdx.x; i < kExpertsPerCta; i += kThreads) counts[i] = 0;
+  __syncthreads();
+  for (int t = threadIdx.x; t < num_tokens; t += kThreads) {
+    for (int k = 0; k < topk_n; ++k) {
+      const int64_t e = topk_at(topk, is_int64, row_stride, t, k);
+      if (e < first || e >= first + kExpertsPerCta || e >= num_experts) continue;
+      bool repeated = false;
+      for (int j = 0; j < k; ++j) repeated |= topk_at(topk, is_int64, row_stride, t, j) == e;
+      if (!repeated) atomicAdd(&counts[e - first], 1);
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kExpertsPerCta && first + i < num_experts; i += kThreads) {
+    out.expert_token_counts[first + i] = counts[i];
+  }
+}
+
+}  // namespace
+
+void launch_layout(const void* topk_idx, bool topk_int64, int64_t topk_row_stride, int num_tokens, int topk,
+                   int num_ranks, int num_experts, const LayoutOutputs& out, cudaStream_t stream) {
+  const int blocks = num_ranks + (num_experts + kExpertsPerCta - 1) / kExpertsPerCta;
+  layout_kernel<<<blocks, kThreads, 0, stream>>>(topk_idx, topk_int64, topk_row_stride, num_tokens, topk, num_ranks,
+                                                 num_experts, out);
+  detail::check_launch("ht layout_kernel");
+}
+
+}  // namespace epx::kernels::ht
