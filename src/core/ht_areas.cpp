@@ -24,7 +24,7 @@ HtAreas ht_areas(const HtBufferOptions& o, int num_ranks) {
   a.x_row_bytes = std::size_t(o.hidden) * 2;
   const std::size_t R = num_ranks, T = o.max_tokens_per_rank, K = o.max_topk, rows = a.recv_rows;
   std::size_t c = 0;
-  a.notify_counts = take(c, sizeof(int32_t) * R * R);
+  a.notify_counts = take(c, sizeof(int32_t) * R * (R + 1));
   a.notify_expert_counts = take(c, sizeof(int32_t) * R * a.experts_per_rank());
   a.flags = take(c, sizeof(uint64_t) * kHtFlagKinds * R);
   a.sequence = take(c, sizeof(uint64_t) * kHtFlagKinds);

@@ -35,7 +35,7 @@ struct HtAreas {
   std::size_t x_row_bytes = 0;  // H * 2: a BF16 row; an FP8 row uses the first half
 
   // Offsets in the symmetric allocation.
-  std::size_t notify_counts = 0;         // int32 [R source][R]: source's tokens per destination rank
+  std::size_t notify_counts = 0;  // int32 [R source][R + 1]: source's tokens per destination rank, then its status
   std::size_t notify_expert_counts = 0;  // int32 [R source][E_local]: source's tokens per local expert
   std::size_t flags = 0;                 // uint64 [kHtFlagKinds][R source]
   std::size_t sequence = 0;              // uint64 [kHtFlagKinds]: this rank's call numbers (owner only;

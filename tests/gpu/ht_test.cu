@@ -107,9 +107,11 @@ std::vector<T> download(const TensorRef& t) {
   return host;
 }
 
-void poison(const TensorRef& t) {
+// Fills an output with a pattern no dispatch writes, in stream order.
+void poison(const TensorRef& t, cudaStream_t stream) {
   if (t.rows == 0 || t.data == nullptr) return;
-  ASSERT_EQ(cudaMemset(t.data, 0xA5, std::size_t(t.rows) * t.row_stride * element_size(t.type)), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(t.data, 0xA5, std::size_t(t.rows) * t.row_stride * element_size(t.type), stream),
+            cudaSuccess);
 }
 
 // Compares rows [0, rows) of a GPU output with the reference; names the first differing element.
@@ -185,17 +187,20 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   const HtStreams on{stream};
 
   // 1. Exact form.
+  // Outputs are complete in stream order (the exact form returns once N is known, not once rows landed),
+  // so every check below synchronises the stream first.
   const HtDispatchResult exact = buffer.dispatch(args, on);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   ASSERT_EQ(exact.num_recv_tokens, N) << "rank " << rank;
   EXPECT_EQ(exact.num_recv_tokens_per_expert_host, want.num_recv_tokens_per_expert) << "rank " << rank;
   check_dispatch(c, rank, exact, want, N);
 
   // 2. Worst-case form, outputs poisoned first.
-  poison(exact.recv_x);
-  poison(exact.recv_src_idx);
-  poison(exact.recv_topk_idx);
-  poison(exact.recv_topk_weights);
-  if (c.fp8) poison(exact.recv_x_scales);
+  poison(exact.recv_x, stream);
+  poison(exact.recv_src_idx, stream);
+  poison(exact.recv_topk_idx, stream);
+  poison(exact.recv_topk_weights, stream);
+  if (c.fp8) poison(exact.recv_x_scales, stream);
   HtDispatchArgs worst = args;
   worst.num_worst_tokens = int64_t(x.R) * std::max(c.T, 1);
   const HtDispatchResult padded = buffer.dispatch(worst, on);
@@ -204,11 +209,12 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   check_dispatch(c, rank, padded, want, N);
 
   // 3. Cached form with the exact form's handle, outputs poisoned first.
-  poison(padded.recv_x);
-  poison(padded.recv_src_idx);
+  poison(padded.recv_x, stream);
+  poison(padded.recv_src_idx, stream);
   HtDispatchArgs cached = args;
   cached.cached = exact.handle;
   const HtDispatchResult again = buffer.dispatch(cached, on);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   ASSERT_EQ(again.num_recv_tokens, N);
   check_dispatch(c, rank, again, want, N);
 
