@@ -1,0 +1,134 @@
+// HT calls in the ways users run them besides the plain stream: on the buffer's communication stream
+// with events (overlap with compute), and captured once into a CUDA graph (worst-case form) and
+// replayed with new inputs.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "gpu_test_env.hpp"
+#include "ht_fixture.hpp"
+#include "single_gpu_ranks.hpp"
+
+namespace epx::test {
+namespace {
+
+const HtCase kCase{0, 256, 2048, 8, 64, Routing::uniform, 0.1, false, false, false, 1, "modes"};
+
+// Runs `body(team, stream)` on every rank: the world team when `single_gpu_ranks` is 0.
+template <typename Body>
+void on_ranks(int single_gpu_ranks, Body body) {
+  if (single_gpu_ranks > 0) {
+    on_single_gpu_team(single_gpu_ranks, TeamOptions{}, body);
+    return;
+  }
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  body(world_team(), stream);
+  cudaStreamDestroy(stream);
+}
+
+void async_round(const std::vector<Expected>& expected, Team& team, cudaStream_t stream) {
+  const int rank = team.rank();
+  const Expected& x = expected[0];
+  RankInputs in = upload_inputs(kCase, x.tokens[rank]);
+  HtBuffer buffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, kCase.E});
+  cudaEvent_t before;
+  ASSERT_EQ(cudaEventCreateWithFlags(&before, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(before, stream), cudaSuccess);
+  const HtDispatchResult d = buffer.dispatch(in.args, HtStreams{stream, true, before});
+  ASSERT_NE(d.finished, nullptr);
+  ASSERT_EQ(cudaStreamWaitEvent(stream, d.finished, 0), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  check_dispatch(kCase, rank, d, x.dispatch.recv[rank], x.dispatch.recv[rank].num_recv_tokens);
+
+  const int64_t N = x.dispatch.recv[rank].num_recv_tokens;
+  auto y = upload(x.y[rank].y.data);
+  auto yw = upload(x.y[rank].topk_weights.data);
+  auto bias = upload(x.bias[rank].data);
+  const HtCombineResult c =
+      buffer.combine(HtCombineArgs{TensorRef::matrix(y->data, ScalarType::bf16, N, kCase.H),
+                                   TensorRef::matrix(yw->data, ScalarType::float32, N, kCase.K),
+                                   TensorRef::matrix(bias->data, ScalarType::bf16, kCase.T, kCase.H), d.handle},
+                     HtStreams{stream, true, nullptr});
+  ASSERT_NE(c.finished, nullptr);
+  ASSERT_EQ(cudaStreamWaitEvent(stream, c.finished, 0), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  check_combine(kCase, rank, c, x.combine[rank]);
+  cudaEventDestroy(before);
+  cudaEventDestroy(d.finished);
+  cudaEventDestroy(c.finished);
+}
+
+// Captures a worst-case dispatch and a combine once, then replays the graph with each case's inputs
+// copied into the captured input buffers.
+void graph_rounds(const std::vector<Expected>& expected, Team& team, cudaStream_t stream) {
+  const int rank = team.rank();
+  const int64_t worst = int64_t(team.size()) * kCase.T;
+  RankInputs in = upload_inputs(kCase, expected[0].tokens[rank]);
+  DeviceArray y(std::size_t(worst) * kCase.H * 2), yw(std::size_t(worst) * kCase.K * 4);
+  DeviceArray bias(std::size_t(kCase.T) * kCase.H * 2);
+  HtBuffer buffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, kCase.E});
+
+  HtDispatchArgs args = in.args;
+  args.num_worst_tokens = worst;
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const HtDispatchResult d = buffer.dispatch(args, HtStreams{stream});
+  const HtCombineResult c =
+      buffer.combine(HtCombineArgs{TensorRef::matrix(y.data, ScalarType::bf16, worst, kCase.H),
+                                   TensorRef::matrix(yw.data, ScalarType::float32, worst, kCase.K),
+                                   TensorRef::matrix(bias.data, ScalarType::bf16, kCase.T, kCase.H), d.handle},
+                     HtStreams{stream});
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+  for (const Expected& x : expected) {
+    const ref::HtTokens& t = x.tokens[rank];
+    const auto copy = [](void* dst, const auto& v) {
+      ASSERT_EQ(cudaMemcpy(dst, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice), cudaSuccess);
+    };
+    copy(in.x->data, t.x_bf16.data);
+    copy(in.topk->data, t.topk_idx.data);
+    copy(in.weights->data, t.topk_weights.data);
+    copy(y.data, x.y[rank].y.data);
+    copy(yw.data, x.y[rank].topk_weights.data);
+    copy(bias.data, x.bias[rank].data);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    team.check_device_errors();
+    check_dispatch(kCase, rank, d, x.dispatch.recv[rank], x.dispatch.recv[rank].num_recv_tokens);
+    check_combine(kCase, rank, c, x.combine[rank]);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+std::vector<Expected> expected_rounds(int R, int rounds) {
+  std::vector<Expected> v;
+  for (int i = 0; i < rounds; ++i) v.push_back(build_expected(kCase, R, 1000u + i));
+  return v;
+}
+
+class HtModes : public ::testing::TestWithParam<int> {};
+
+TEST_P(HtModes, CommunicationStreamWithEvents) {
+  if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
+  const auto expected = expected_rounds(GetParam() == 0 ? rank_info().world_size : GetParam(), 1);
+  on_ranks(GetParam(), [&](Team& team, cudaStream_t stream) { async_round(expected, team, stream); });
+}
+
+TEST_P(HtModes, WorstCaseCapturedInAGraphAndReplayed) {
+  if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
+  const auto expected = expected_rounds(GetParam() == 0 ? rank_info().world_size : GetParam(), 3);
+  on_ranks(GetParam(), [&](Team& team, cudaStream_t stream) { graph_rounds(expected, team, stream); });
+}
+
+// 0: one process per GPU; 4: four ranks on one GPU.
+INSTANTIATE_TEST_SUITE_P(Teams, HtModes, ::testing::Values(0, 4), [](const ::testing::TestParamInfo<int>& i) {
+  return i.param == 0 ? std::string("World") : "SingleGpu" + std::to_string(i.param);
+});
+
+}  // namespace
+}  // namespace epx::test
