@@ -4,9 +4,9 @@
 
 #include <cstdint>
 
+#include "bench/team_sync.hpp"
 #include "bench/timing.hpp"
 #include "core/cuda_check.hpp"
-#include "transport/device/barrier.cuh"
 #include "transport/device/wait.cuh"
 #include "transport/team_impl.hpp"
 
@@ -42,8 +42,6 @@ __global__ void store_copy(const int4* __restrict__ src, int4* dst, std::size_t 
   }
 }
 
-__global__ void barrier_kernel(TeamView team) { transport::team_barrier(team, 1); }
-
 __global__ void empty_kernel() {}
 
 // Rank 0 and rank 1 bounce a counter: each waits for the other's value, then bumps the other's flag.
@@ -74,11 +72,6 @@ struct Context {
   int sms;
 };
 
-void team_barrier(const Context& c) {
-  barrier_kernel<<<1, 128, 0, c.stream>>>(c.view);
-  detail::check_launch("barrier_kernel");
-}
-
 double per_direction_gbps(double us) { return double(kBytes) / (us * 1e-6) / 1e9; }
 
 }  // namespace
@@ -92,7 +85,7 @@ Limits measure_limits(Team& team) {
   const Context c{team, stream, team.impl().view(), prop.multiProcessorCount};
   const int next = (team.rank() + 1) % team.size();
   const int prev = (team.rank() + team.size() - 1) % team.size();
-  const auto barrier = [&](cudaStream_t) { team_barrier(c); };
+  const auto barrier = [&](cudaStream_t s) { enqueue_team_barrier(team, s); };
   const auto nothing = [](cudaStream_t) {};
 
   SymmetricMemory inbox = team.allocate_symmetric(kBytes);
@@ -145,7 +138,7 @@ Limits measure_limits(Team& team) {
     limits.nvlink_copy_engine_gbps = per_direction_gbps(ce.median_us);
 
     // Everything that arrived came from the previous rank: check every word.
-    team_barrier(c);
+    enqueue_team_barrier(team, stream);
     unsigned long long* bad = nullptr;
     check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&bad), sizeof(*bad), stream), "cudaMallocAsync");
     check_cuda(cudaMemsetAsync(bad, 0, sizeof(*bad), stream), "cudaMemsetAsync");
@@ -165,7 +158,7 @@ Limits measure_limits(Team& team) {
     if (team.rank() < 2) {
       uint64_t* elapsed = nullptr;
       check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&elapsed), sizeof(*elapsed), stream), "cudaMallocAsync");
-      team_barrier(c);
+      enqueue_team_barrier(team, stream);
       ping_pong<<<1, 1, 0, stream>>>(c.view, team.impl().symmetric_view(flags), kPingPongs, elapsed);
       detail::check_launch("ping_pong");
       uint64_t ns = 0;
@@ -174,7 +167,7 @@ Limits measure_limits(Team& team) {
       check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       limits.flag_latency_us = double(ns) / 1e3 / (2.0 * kPingPongs);
     } else {
-      team_barrier(c);
+      enqueue_team_barrier(team, stream);
     }
   }
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

@@ -8,8 +8,10 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <optional>
 #include <string>
 
+#include "bench/ht_bench.hpp"
 #include "bench/json_writer.hpp"
 #include "bench/limits.hpp"
 #include "epx/version.hpp"
@@ -23,13 +25,19 @@ struct Args {
   std::string device_kind;  // a name for the machine in the JSON, e.g. nvidia-h200-x2
   std::string commit;
   int timeout_ms = 5000;
+  bool skip_ht = false;
+  HtBenchOptions ht;
 };
 
 void usage() {
   std::printf(
       "usage: epx-bench [--json FILE] [--device-kind NAME] [--commit SHA] [--timeout-ms N]\n"
+      "                 [--skip-ht] [--ht-sms N] [--tokens T] [--hidden H] [--topk K] [--experts E]\n"
       "  Runs on every local GPU, one process each (or as one rank under torchrun-style RANK/WORLD_SIZE/\n"
-      "  LOCAL_RANK/MASTER_ADDR/MASTER_PORT), measures the NVLink limits and writes FILE (default %s).\n",
+      "  LOCAL_RANK/MASTER_ADDR/MASTER_PORT), measures the NVLink limits, then the HT layout, dispatch and\n"
+      "  combine (T tokens per rank, default %d; H %d; top-%d of %d experts; --ht-sms: HtConfig::num_sms,\n"
+      "  default the library's), each checked against the CPU reference, and writes FILE (default %s).\n",
+      HtBenchOptions{}.tokens, HtBenchOptions{}.hidden, HtBenchOptions{}.topk, HtBenchOptions{}.experts,
       Args{}.json_path.c_str());
 }
 
@@ -45,6 +53,16 @@ Args parse(int argc, char** argv) {
       }
       return argv[++i];
     };
+    auto number = [&]() {
+      const std::string text = value();
+      char* end = nullptr;
+      const long n = std::strtol(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || n < 0 || n > (1L << 30)) {
+        std::fprintf(stderr, "epx-bench: %s needs a non-negative whole number, got '%s'\n", a.c_str(), text.c_str());
+        std::exit(2);
+      }
+      return int(n);
+    };
     if (a == "--json")
       args.json_path = value();
     else if (a == "--device-kind")
@@ -52,7 +70,19 @@ Args parse(int argc, char** argv) {
     else if (a == "--commit")
       args.commit = value();
     else if (a == "--timeout-ms")
-      args.timeout_ms = std::atoi(value().c_str());
+      args.timeout_ms = number();
+    else if (a == "--skip-ht")
+      args.skip_ht = true;
+    else if (a == "--ht-sms")
+      args.ht.num_sms = number();
+    else if (a == "--tokens")
+      args.ht.tokens = number();
+    else if (a == "--hidden")
+      args.ht.hidden = number();
+    else if (a == "--topk")
+      args.ht.topk = number();
+    else if (a == "--experts")
+      args.ht.experts = number();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -78,7 +108,41 @@ std::string device_description(int ranks) {
   return std::to_string(ranks) + "x " + prop.name;
 }
 
-void write_json(const Args& args, int ranks, const Limits& limits) {
+void write_ht_rows(JsonWriter& j, const HtBenchResult& ht) {
+  for (const HtBenchRow& row : ht.rows) {
+    j.begin_object()
+        .field("mode", "ht")
+        .field("op", row.op)
+        .field("dtype", row.dtype)
+        .field("ranks", ht.ranks)
+        .field("tokens", ht.tokens)
+        .field("hidden", ht.hidden)
+        .field("topk", ht.topk)
+        .field("experts", ht.experts)
+        .field("time_us", row.time_us)
+        .field("min_us", row.min_us)
+        .field("max_us", row.max_us)
+        .field("slowest_rank", row.slowest_rank);
+    j.begin_array("median_us_per_rank");
+    for (double us : row.median_us_per_rank) j.field(nullptr, us);
+    j.end_array()
+        .field("repetitions", ht.repetitions)
+        .field("sms", row.sms)
+        .field("nvlink_gbps", row.nvlink_gbps)
+        .field("algo_gbps", row.algo_gbps)
+        .field("nvlink_bytes", row.nvlink_bytes)
+        .field("algo_bytes", row.algo_bytes)
+        .field("buffer_bytes", static_cast<long long>(ht.buffer_bytes))
+        .field("checked", row.checked)
+        .field(
+            "note",
+            "time_us: the slowest rank's median (slowest_rank); min_us/max_us: over every rank's repetitions; "
+            "each repetition after an L2 flush and a team barrier; bytes and GB/s: the slowest rank's, per direction")
+        .end_object();
+  }
+}
+
+void write_json(const Args& args, int ranks, const Limits& limits, const HtBenchResult* ht) {
   JsonWriter j;
   j.begin_object()
       .field("device", args.device_kind.empty() ? device_description(ranks) : args.device_kind)
@@ -97,7 +161,9 @@ void write_json(const Args& args, int ranks, const Limits& limits) {
       .field("hbm_copy_gbps", limits.hbm_copy_gbps)
       .field("data_checked", limits.data_checked)
       .end_object();
-  j.begin_array("results").end_array();
+  j.begin_array("results");
+  if (ht != nullptr) write_ht_rows(j, *ht);
+  j.end_array();
   j.end_object();
   std::ofstream out(args.json_path);
   out << j.str() << "\n";
@@ -107,7 +173,36 @@ void write_json(const Args& args, int ranks, const Limits& limits) {
   }
 }
 
-void print_table(int ranks, const Limits& l) {
+// The targets on nvidia-h200-x2 (EP=2), printed as a reference column only; 0: none.
+double ht_target_us(const HtBenchRow& row) {
+  if (row.op == "layout") return 15;
+  if (row.op == "dispatch") return row.dtype == "fp8" ? 105 : 190;
+  if (row.op == "combine") return 190;
+  return 0;
+}
+
+std::string number_or_dash(double value, const char* format) {
+  if (value <= 0) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, format, value);
+  return text;
+}
+
+void print_ht_table(const HtBenchResult& ht) {
+  std::printf("\nHT, %d rank(s): %d tokens per rank, hidden %d, top-%d of %d experts, buffer %.1f MiB per rank\n",
+              ht.ranks, ht.tokens, ht.hidden, ht.topk, ht.experts, double(ht.buffer_bytes) / (1 << 20));
+  std::printf("time: the slowest rank's median of %d repetitions; GB/s per rank and direction\n", ht.repetitions);
+  std::printf("%-16s %-6s %9s %12s %10s %5s %8s %20s\n", "op", "dtype", "time us", "NVLink GB/s", "algo GB/s", "SMs",
+              "checked", "target us (h200-x2)");
+  for (const HtBenchRow& row : ht.rows) {
+    std::printf("%-16s %-6s %9.1f %12s %10s %5s %8s %20s\n", row.op.c_str(), row.dtype.c_str(), row.time_us,
+                number_or_dash(row.nvlink_gbps, "%.1f").c_str(), number_or_dash(row.algo_gbps, "%.1f").c_str(),
+                number_or_dash(row.sms, "%.0f").c_str(), row.checked ? "yes" : "NO",
+                number_or_dash(ht_target_us(row), "%.0f").c_str());
+  }
+}
+
+void print_table(int ranks, const Limits& l, const HtBenchResult* ht) {
   std::printf("\nepx-bench, %d rank(s)\n", ranks);
   std::printf("%-44s %12s\n", "limit", "value");
   if (l.measured_nvlink) {
@@ -123,7 +218,11 @@ void print_table(int ranks, const Limits& l) {
   }
   std::printf("%-44s %9.2f us\n", "empty kernel from a CUDA graph", l.empty_graph_kernel_us);
   std::printf("%-44s %9.1f GB/s\n", "HBM device-to-device copy (read + write)", l.hbm_copy_gbps);
-  std::printf("\n(dispatch/combine benchmarks: none built yet)\n");
+  if (ht != nullptr) {
+    print_ht_table(*ht);
+  } else {
+    std::printf("\n(HT benchmark skipped: --skip-ht)\n");
+  }
 }
 
 int run(int argc, char** argv) {
@@ -140,9 +239,11 @@ int run(int argc, char** argv) {
   options.wait_timeout = std::chrono::milliseconds(args.timeout_ms);
   auto team = launch::make_team(start.rank, options);
   const Limits limits = measure_limits(*team);
+  std::optional<HtBenchResult> ht;
+  if (!args.skip_ht) ht = run_ht_bench(*team, args.ht);
   if (team->rank() == 0) {
-    print_table(team->size(), limits);
-    write_json(args, team->size(), limits);
+    print_table(team->size(), limits, ht ? &*ht : nullptr);
+    write_json(args, team->size(), limits, ht ? &*ht : nullptr);
     std::printf("wrote %s\n", args.json_path.c_str());
   }
   return 0;

@@ -26,53 +26,6 @@ HtConfig default_ht_config(int num_ranks) {
   return config;
 }
 
-namespace {
-
-// One cudaMalloc holding every array of the handle, each 16-byte aligned.
-std::size_t handle_bytes(int T, int R, int max_tokens, int E, kh::HandleView* view, char* base) {
-  std::size_t cursor = 0;
-  auto take = [&](std::size_t bytes) {
-    const std::size_t at = (cursor + 15) / 16 * 16;
-    cursor = at + bytes;
-    return base == nullptr ? nullptr : base + at;
-  };
-  const int E_local = E / R;
-  auto* send_pos = take(sizeof(int32_t) * std::size_t(T) * R);
-  auto* send_begin = take(sizeof(int32_t) * R);
-  auto* recv_begin = take(sizeof(int32_t) * (R + 1));
-  auto* recv_src_idx = take(sizeof(int32_t) * std::size_t(R) * max_tokens);
-  auto* expert_counts = take(sizeof(int32_t) * E_local);
-  auto* rank_counts = take(sizeof(int32_t) * R);
-  auto* expert_token_counts = take(sizeof(int32_t) * E);
-  auto* status = take(sizeof(int32_t));
-  auto* input_error = take(sizeof(kh::InputError));
-  if (view != nullptr) {
-    *view = kh::HandleView{reinterpret_cast<int32_t*>(send_pos),
-                           reinterpret_cast<int32_t*>(send_begin),
-                           reinterpret_cast<int32_t*>(recv_begin),
-                           reinterpret_cast<int32_t*>(recv_src_idx),
-                           reinterpret_cast<int32_t*>(expert_counts),
-                           reinterpret_cast<int32_t*>(rank_counts),
-                           reinterpret_cast<int32_t*>(expert_token_counts),
-                           reinterpret_cast<int32_t*>(status),
-                           reinterpret_cast<kh::InputError*>(input_error)};
-  }
-  return cursor;
-}
-
-}  // namespace
-
-HtHandle::HtHandle(const void* owner_, int num_tokens_, int topk_, int num_ranks, int max_tokens, int num_experts,
-                   cudaStream_t stream)
-    : owner(owner_), num_tokens(num_tokens_), topk(topk_) {
-  const std::size_t bytes = handle_bytes(num_tokens, num_ranks, max_tokens, num_experts, nullptr, nullptr);
-  check_cuda(cudaMalloc(&memory_, bytes), "cudaMalloc(HT handle)");
-  check_cuda(cudaMemsetAsync(memory_, 0, bytes, stream), "cudaMemsetAsync(HT handle)");
-  handle_bytes(num_tokens, num_ranks, max_tokens, num_experts, &view, static_cast<char*>(memory_));
-}
-
-HtHandle::~HtHandle() { cudaFree(memory_); }
-
 struct HtBuffer::Impl {
   Team& team;
   HtBufferOptions options;
@@ -87,6 +40,7 @@ struct HtBuffer::Impl {
   uint16_t* combine_out = nullptr;       // [T_max][H]
   float* combine_out_weights = nullptr;  // [T_max][K_max]
   std::size_t private_bytes = 0;
+  std::shared_ptr<HtHandlePool> handles;
 
   Impl(Team& t, const HtBufferOptions& o, const HtConfig& c) : team(t), options(o), config(c) {}
   ~Impl();
@@ -100,6 +54,7 @@ struct HtBuffer::Impl {
 };
 
 HtBuffer::Impl::~Impl() {
+  // Handles the caller still holds keep the pool (and their blocks) alive; this buffer's part ends here.
   if (comm_stream != nullptr) cudaStreamDestroy(comm_stream);
   if (mailbox != nullptr) cudaFreeHost(mailbox);
   cudaFree(blocks_done);
@@ -238,6 +193,8 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out_weights), out_weight_bytes),
              "cudaMalloc(HT combine weights)");
   impl_->private_bytes = out_bytes + out_weight_bytes + 2 * sizeof(uint32_t);
+  // Two blocks up front: a dispatch and a cached re-dispatch (or a graph capture) allocate nothing.
+  impl_->handles = std::make_shared<HtHandlePool>(R, options.max_tokens_per_rank, options.num_experts, 2);
 }
 
 HtBuffer::~HtBuffer() = default;
@@ -250,7 +207,9 @@ void HtBuffer::set_config(const HtConfig& config) {
   impl_->config = config;
 }
 
-std::size_t HtBuffer::buffer_bytes() const { return impl_->areas.total + impl_->private_bytes; }
+std::size_t HtBuffer::buffer_bytes() const {
+  return impl_->areas.total + impl_->private_bytes + impl_->handles->bytes();
+}
 
 std::size_t HtBuffer::required_bytes(const HtBufferOptions& options, int num_ranks) {
   return core::ht_areas(options, num_ranks).total + std::size_t(options.max_tokens_per_rank) * options.hidden * 2 +
@@ -316,27 +275,30 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
     require(args.cached->num_tokens == T && args.cached->topk == K,
             "the cached handle was made for " + std::to_string(args.cached->num_tokens) + " tokens of top-" +
                 std::to_string(args.cached->topk) + ", not " + std::to_string(T) + " of top-" + std::to_string(K));
+    require(args.cached->expert_alignment == args.expert_alignment,
+            "a cached dispatch keeps its handle's expert_alignment (" + std::to_string(args.cached->expert_alignment) +
+                "), got " + std::to_string(args.expert_alignment));
   }
 
   const cudaStream_t stream = im.begin(streams);
   std::shared_ptr<HtHandle> fresh;
   const HtHandle* handle = args.cached.get();
   if (handle == nullptr) {
-    fresh = std::make_shared<HtHandle>(&im, int(T), int(K), R, im.options.max_tokens_per_rank, im.options.num_experts,
-                                       stream);
+    fresh =
+        std::make_shared<HtHandle>(&im, im.handles, im.handles->acquire(stream), int(T), int(K), args.expert_alignment);
     handle = fresh.get();
     kh::LayoutOutputs outputs;
-    outputs.send_pos = handle->view.send_pos;
-    outputs.rank_counts = handle->view.rank_counts;
-    outputs.expert_token_counts = handle->view.expert_token_counts;
-    outputs.error = handle->view.input_error;
+    outputs.send_pos = handle->view().send_pos;
+    outputs.rank_counts = handle->view().rank_counts;
+    outputs.expert_token_counts = handle->view().expert_token_counts;
+    outputs.error = handle->view().input_error;
     kh::launch_layout(args.topk_idx.data, args.topk_idx.type == ScalarType::int64, args.topk_idx.row_stride, int(T),
                       int(K), R, im.options.num_experts, outputs, stream);
   }
   const kh::BufferView view = im.view();
   const uint32_t ticket = ++im.next_ticket;
   kh::NotifyArgs notify{view,
-                        handle->view,
+                        handle->view(),
                         im.mailbox_device,
                         ticket,
                         args.expert_alignment,
@@ -349,6 +311,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   tokens.x = static_cast<const uint8_t*>(args.x.data);
   tokens.x_row_bytes_stride = args.x.row_stride * element_size(args.x.type);
   tokens.x_row_bytes = int32_t(H * element_size(args.x.type));
+  tokens.hidden = int32_t(H);
   tokens.scales = fp8 ? static_cast<const float*>(args.x_scales.data) : nullptr;
   tokens.scale_row_stride = args.x_scales.row_stride;
   tokens.scale_col_stride = args.x_scales.col_stride;
@@ -359,8 +322,9 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   tokens.weights_row_stride = args.topk_weights.row_stride;
   tokens.num_tokens = int32_t(T);
   tokens.topk = int32_t(K);
-  kh::launch_dispatch_send(kh::SendArgs{view, handle->view, tokens, handle == fresh.get(), im.blocks_done},
+  kh::launch_dispatch_send(kh::SendArgs{view, handle->view(), tokens, handle == fresh.get(), im.blocks_done},
                            im.config.num_sms, stream);
+  handle->mark_use(stream);
 
   HtDispatchResult result;
   if (args.num_worst_tokens == 0) {
@@ -386,7 +350,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   result.recv_topk_idx = TensorRef::matrix(base + im.areas.recv_topk_idx, args.topk_idx.type, rows, K);
   result.recv_topk_weights = TensorRef::matrix(base + im.areas.recv_topk_weights, ScalarType::float32, rows, K);
   result.num_recv_tokens_per_expert =
-      TensorRef::vector(handle->view.expert_counts, ScalarType::int32, im.options.num_experts / R);
+      TensorRef::vector(handle->view().expert_counts, ScalarType::int32, im.options.num_experts / R);
   result.handle = fresh ? std::shared_ptr<const HtHandle>(fresh) : args.cached;
   result.finished = im.end(streams, stream);
   return result;
@@ -413,7 +377,7 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   const cudaStream_t stream = im.begin(streams);
   kh::CombineArgs c{};
   c.buffer = im.view();
-  c.handle = handle.view;
+  c.handle = handle.view();
   c.y = static_cast<const uint16_t*>(args.y.data);
   c.y_row_stride = args.y.row_stride;
   c.weights = static_cast<const float*>(args.topk_weights.data);
@@ -427,6 +391,7 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   c.hidden = int32_t(H);
   c.blocks_done = im.blocks_done + 1;
   kh::launch_combine(c, im.config.num_sms, stream);
+  handle.mark_use(stream);
 
   HtCombineResult result;
   result.x = TensorRef::matrix(im.combine_out, ScalarType::bf16, handle.num_tokens, H);

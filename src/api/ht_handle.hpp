@@ -1,8 +1,17 @@
-// The routing state one HT dispatch leaves for combine and for cached dispatches. Owns one device
-// allocation that holds every array of kernels::ht::HandleView.
+// The routing state one HT dispatch leaves for combine and for cached dispatches.
+//
+// Its device arrays (kernels::ht::HandleView) live in a block of the buffer's HandlePool: blocks are
+// reused rather than freed, so neither dispatch nor dropping a handle calls cudaMalloc/cudaFree (which
+// would stall the device, and cannot run inside graph capture). Every call that uses a block records
+// the block's `last_use` event on its stream; a block taken again makes the new stream wait for that
+// event first, so a block is never rewritten while earlier kernels may still read it.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "epx/ht.hpp"
@@ -10,10 +19,38 @@
 
 namespace epx {
 
+class HtHandlePool {
+ public:
+  struct Block {
+    void* memory = nullptr;
+    std::size_t bytes = 0;
+    cudaEvent_t last_use = nullptr;
+    kernels::ht::HandleView view{};
+  };
+
+  HtHandlePool(int num_ranks, int max_tokens, int num_experts, int preallocate);
+  ~HtHandlePool();
+  HtHandlePool(const HtHandlePool&) = delete;
+  HtHandlePool& operator=(const HtHandlePool&) = delete;
+
+  // A zeroed block for a new dispatch on `stream` (grows the pool when none is free).
+  Block* acquire(cudaStream_t stream);
+  void release(Block* block);
+  static void mark_use(Block* block, cudaStream_t stream);
+  std::size_t bytes() const;
+
+ private:
+  Block* allocate();
+  int num_ranks_, max_tokens_, num_experts_;
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<Block*> free_;
+};
+
 class HtHandle {
  public:
-  HtHandle(const void* owner, int num_tokens, int topk, int num_ranks, int max_tokens, int num_experts,
-           cudaStream_t stream);
+  HtHandle(const void* owner, std::shared_ptr<HtHandlePool> pool, HtHandlePool::Block* block, int num_tokens, int topk,
+           int expert_alignment);
   ~HtHandle();
   HtHandle(const HtHandle&) = delete;
   HtHandle& operator=(const HtHandle&) = delete;
@@ -21,13 +58,16 @@ class HtHandle {
   const void* owner;                        // the HtBuffer::Impl that made it
   int num_tokens;                           // T of the dispatch
   int topk;                                 // K of the dispatch
+  int expert_alignment;                     // of the dispatch; a cached dispatch must use the same
   int64_t num_rows = 0;                     // rows of the dispatch outputs (N, or num_worst_tokens)
   int64_t num_recv = -1;                    // N when the host learnt it
   std::vector<int32_t> expert_counts_host;  // when N is known
-  kernels::ht::HandleView view{};
+  const kernels::ht::HandleView& view() const { return block_->view; }
+  void mark_use(cudaStream_t stream) const { HtHandlePool::mark_use(block_, stream); }
 
  private:
-  void* memory_ = nullptr;
+  std::shared_ptr<HtHandlePool> pool_;
+  HtHandlePool::Block* block_;
 };
 
 }  // namespace epx

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(SendArgs a) {
   const int R = b.team.nranks, me = b.team.rank, E_local = b.experts_per_rank();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int row_bytes = in.x_row_bytes;  // received rows are dense: [N][H] of x's dtype
-  const int scale_cols = b.hidden / 128;
+  const int scale_cols = in.hidden / 128;
   __shared__ int32_t rows_of[kWarpsPerCta][kMaxRanks];
   int32_t* rows = rows_of[warp];
 

@@ -68,6 +68,7 @@ struct TokensView {  // one rank's dispatch input
   const uint8_t* x;
   int64_t x_row_bytes_stride;
   int32_t x_row_bytes;  // H * element size
+  int32_t hidden;       // H of x (at most the buffer's)
   const float* scales;  // fp8 only, else null
   int64_t scale_row_stride, scale_col_stride;
   const void* topk_idx;

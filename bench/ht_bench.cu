@@ -1,0 +1,548 @@
+#include "bench/ht_bench.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <type_traits>
+
+#include "bench/team_sync.hpp"
+#include "bench/timing.hpp"
+#include "core/cuda_check.hpp"
+#include "epx/ht.hpp"
+#include "epx/reference/fp8_cast.hpp"
+#include "epx/reference/ht.hpp"
+#include "epx/reference/layout.hpp"
+
+namespace epx::bench {
+namespace {
+
+using detail::check_cuda;
+
+// ---- Inputs every rank can regenerate --------------------------------------------------------------
+// Every value is a pure function of (seed, rank, what, index): each rank builds every other rank's
+// inputs for the global CPU reference without any exchange, and runs repeat.
+
+enum class What : uint64_t { routing = 1, weights, x_bf16, x_fp8, scales };
+
+uint64_t mix(uint64_t z) {  // splitmix64's output function: a bijection that scrambles every bit
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+class Draw {
+ public:
+  Draw(uint64_t seed, int rank, What what) : key_(mix(mix(seed + uint64_t(rank)) ^ mix(uint64_t(what)))) {}
+  uint64_t operator()(uint64_t index) const { return mix(key_ ^ mix(index)); }
+
+ private:
+  uint64_t key_;
+};
+
+struct Routing {
+  ref::TopkIdx topk_idx;       // [T][K], K distinct experts per token
+  ref::Matrix<float> weights;  // [T][K], in (0, 1]
+};
+
+// Uniform routing: each token draws its K experts uniformly from E, redrawing repeats.
+Routing make_routing(const HtBenchOptions& o, int rank) {
+  const Draw pick(o.seed, rank, What::routing), weight(o.seed, rank, What::weights);
+  Routing r{ref::TopkIdx(o.tokens, o.topk, -1), ref::Matrix<float>(o.tokens, o.topk, 0.0f)};
+  uint64_t draws = 0;
+  for (int64_t t = 0; t < o.tokens; ++t) {
+    int64_t* row = r.topk_idx.data.data() + t * o.topk;
+    for (int k = 0; k < o.topk; ++k) {
+      do {
+        row[k] = int64_t(pick(draws++) % uint64_t(o.experts));
+      } while (std::find(row, row + k, row[k]) != row + k);
+      r.weights.data[t * o.topk + k] = float((weight(t * o.topk + k) >> 40) + 1) * 0x1p-24f;
+    }
+  }
+  return r;
+}
+
+// One rank's dispatch input. Values are never zero: BF16 with exponents 2^-4 .. 2^3, FP8 E4M3 normals
+// (exponent field 1..14, so never 0 or NaN), scales amax / 448 for amax in [2^-5, 2^3).
+ref::HtTokens make_tokens(const HtBenchOptions& o, int rank, ref::Dtype dtype, const Routing& routing) {
+  ref::HtTokens in;
+  in.dtype = dtype;
+  in.topk_idx = routing.topk_idx;
+  in.topk_weights = routing.weights;
+  const std::size_t n = std::size_t(o.tokens) * o.hidden;
+  if (dtype == ref::Dtype::bf16) {
+    const Draw draw(o.seed, rank, What::x_bf16);
+    in.x_bf16 = ref::Matrix<uint16_t>(o.tokens, o.hidden);
+    for (std::size_t i = 0; i < n; ++i) {
+      const uint64_t b = draw(i);
+      in.x_bf16.data[i] = uint16_t(((b & 1) << 15) | ((123 + (b >> 1) % 8) << 7) | ((b >> 8) & 0x7f));
+    }
+    return in;
+  }
+  const Draw draw(o.seed, rank, What::x_fp8), scale(o.seed, rank, What::scales);
+  in.x_fp8 = ref::Matrix<uint8_t>(o.tokens, o.hidden);
+  for (std::size_t i = 0; i < n; ++i) {
+    const uint64_t b = draw(i);
+    in.x_fp8.data[i] = uint8_t(((b & 1) << 7) | ((1 + (b >> 1) % 14) << 3) | ((b >> 8) & 7));
+  }
+  in.x_scales = ref::StridedMatrix<float>::row_major(o.tokens, o.hidden / ref::kFp8GroupSize);
+  for (std::size_t i = 0; i < in.x_scales.data.size(); ++i) {
+    const uint64_t b = scale(i);
+    in.x_scales.data[i] = std::ldexp(1.0f + float(b >> 41) * 0x1p-23f, int(b % 8) - 5) / 448.0f;
+  }
+  return in;
+}
+
+std::vector<ref::HtTokens> every_rank_tokens(const HtBenchOptions& o, ref::Dtype dtype,
+                                             const std::vector<Routing>& routing) {
+  std::vector<ref::HtTokens> tokens;
+  for (int r = 0; r < int(routing.size()); ++r) tokens.push_back(make_tokens(o, r, dtype, routing[r]));
+  return tokens;
+}
+
+// ---- Device memory ---------------------------------------------------------------------------------
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DeviceMemory = std::unique_ptr<void, CudaFree>;
+
+DeviceMemory device_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  check_cuda(cudaMalloc(&p, std::max<std::size_t>(bytes, 16)), "cudaMalloc");
+  return DeviceMemory(p);
+}
+
+template <class T>
+DeviceMemory upload(const std::vector<T>& host, cudaStream_t stream) {
+  DeviceMemory d = device_alloc(host.size() * sizeof(T));
+  check_cuda(cudaMemcpyAsync(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream),
+             "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // `host` may go away next
+  return d;
+}
+
+template <class T>
+std::vector<T> download(const TensorRef& t, cudaStream_t stream) {
+  if (element_size(t.type) != int(sizeof(T)) || (t.cols > 1 && t.col_stride != 1)) {
+    throw std::logic_error("ht bench: cannot download a " + std::string(to_string(t.type)) + " tensor this way");
+  }
+  std::vector<T> host(std::size_t(t.rows * t.cols));
+  if (!host.empty()) {
+    check_cuda(cudaMemcpy2DAsync(host.data(), t.cols * sizeof(T), t.data, t.row_stride * sizeof(T), t.cols * sizeof(T),
+                                 t.rows, cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpy2DAsync");
+  }
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return host;
+}
+
+// ---- Bit-exact comparison --------------------------------------------------------------------------
+
+template <class T>
+std::string show(T value) {
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &value, sizeof value);
+  char text[64];
+  if constexpr (std::is_floating_point_v<T>) {
+    std::snprintf(text, sizeof text, "%g (bits 0x%llx)", double(value), bits);
+  } else {
+    std::snprintf(text, sizeof text, "%lld (0x%llx)", static_cast<long long>(value), bits);
+  }
+  return text;
+}
+
+// Compares GPU outputs with the reference bit for bit; says on stderr what differed, naming the rank.
+class Checker {
+ public:
+  explicit Checker(int rank) : rank_(rank) {}
+  bool ok() const { return ok_; }
+
+  void fail(const std::string& what) {
+    std::fprintf(stderr, "epx-bench rank %d: HT %s\n", rank_, what.c_str());
+    ok_ = false;
+  }
+
+  // `cols` only locates the first difference as [row][col].
+  template <class T>
+  void equal(const std::string& what, const std::vector<T>& got, const std::vector<T>& want, int64_t cols = 1) {
+    if (got.size() != want.size()) {
+      fail(what + ": " + std::to_string(got.size()) + " elements, the reference has " + std::to_string(want.size()));
+      return;
+    }
+    if (got.empty() || std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0) return;
+    std::size_t bad = 0, first = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0 && bad++ == 0) first = i;
+    }
+    const std::size_t c = std::size_t(std::max<int64_t>(cols, 1));
+    fail(what + " differs from the CPU reference in " + std::to_string(bad) + " of " + std::to_string(got.size()) +
+         " elements; first at [" + std::to_string(first / c) + "][" + std::to_string(first % c) + "]: got " +
+         show(got[first]) + ", want " + show(want[first]));
+  }
+
+ private:
+  int rank_;
+  bool ok_ = true;
+};
+
+// ---- The bench -------------------------------------------------------------------------------------
+
+struct StreamDestroy {
+  void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+};
+
+cudaStream_t new_stream() {
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  return s;
+}
+
+HtConfig config_for(const HtBenchOptions& o, int ranks) {
+  HtConfig config = default_ht_config(ranks);
+  if (o.num_sms > 0) config.num_sms = o.num_sms;
+  return config;
+}
+
+struct Measured {
+  const char* op;
+  const char* dtype;
+  int sms;
+  Timing timing;
+  double nvlink_bytes, algo_bytes;
+};
+constexpr int kValuesPerRow = 5;  // what each rank contributes per row to the gather
+
+struct Received {  // one dispatch's outputs, on the host
+  int64_t num_recv_tokens = 0, num_rows = 0;
+  std::vector<uint16_t> x_bf16;
+  std::vector<uint8_t> x_fp8;
+  std::vector<float> scales;
+  std::vector<int32_t> src_idx;
+  std::vector<int64_t> topk_idx;
+  std::vector<float> weights;
+  std::vector<int32_t> expert_counts, expert_counts_host;
+};
+
+struct Outputs {  // everything one run of every op gave this rank
+  std::vector<int32_t> rank_counts, expert_counts;
+  std::vector<uint8_t> in_rank;
+  Received bf16, cached, fp8;
+  std::vector<uint16_t> combined;
+};
+
+void compare_dispatch(Checker& check, const HtBenchOptions& o, const std::string& what, const Received& got,
+                      const ref::HtRecv& want) {
+  if (got.num_recv_tokens != want.num_recv_tokens || got.num_rows != want.num_recv_tokens) {
+    check.fail(what + ": received " + std::to_string(got.num_recv_tokens) + " rows (" + std::to_string(got.num_rows) +
+               " returned), the reference " + std::to_string(want.num_recv_tokens));
+    return;
+  }
+  const int64_t H = o.hidden, K = o.topk;
+  check.equal(what + " recv_x", got.x_bf16, want.x_bf16.data, H);
+  check.equal(what + " recv_x", got.x_fp8, want.x_fp8.data, H);
+  check.equal(what + " recv_x_scales", got.scales, want.x_scales.data, H / ref::kFp8GroupSize);
+  check.equal(what + " recv_src_idx", got.src_idx, want.src_idx);
+  check.equal(what + " recv_topk_idx", got.topk_idx, want.topk_idx.data, K);
+  check.equal(what + " recv_topk_weights", got.weights, want.topk_weights.data, K);
+  check.equal(what + " num_recv_tokens_per_expert", got.expert_counts, want.num_recv_tokens_per_expert);
+  check.equal(what + " num_recv_tokens_per_expert_host", got.expert_counts_host, want.num_recv_tokens_per_expert);
+}
+
+// Regenerates every rank's inputs and runs them through the reference; rank `me`'s slice must equal
+// `got` bit for bit. Returns rank me's tokens per destination rank (for the byte accounting).
+std::vector<int32_t> compare_with_reference(const HtBenchOptions& o, int num_ranks, int me, const Outputs& got,
+                                            Checker& check) {
+  const ref::ExpertPlacement placement(o.experts, num_ranks);
+  std::vector<Routing> routing;
+  for (int r = 0; r < num_ranks; ++r) routing.push_back(make_routing(o, r));
+  const ref::Layout layout = ref::compute_layout(routing[me].topk_idx, placement);
+  check.equal("layout num_tokens_per_rank", got.rank_counts, layout.num_tokens_per_rank);
+  check.equal("layout num_tokens_per_expert", got.expert_counts, layout.num_tokens_per_expert);
+  check.equal("layout is_token_in_rank", got.in_rank, layout.is_token_in_rank.data, num_ranks);
+  {
+    ref::HtDispatchResult want = ref::ht_dispatch(every_rank_tokens(o, ref::Dtype::bf16, routing), placement);
+    compare_dispatch(check, o, "dispatch bf16", got.bf16, want.recv[me]);
+    compare_dispatch(check, o, "cached dispatch bf16", got.cached, want.recv[me]);
+    // Every expert side sent back exactly the rows it received: combine the reference's rows.
+    std::vector<ref::HtCombineInput> y(num_ranks);
+    for (int r = 0; r < num_ranks; ++r) y[r].y = std::move(want.recv[r].x_bf16);
+    check.equal("combine x", got.combined, ref::ht_combine(y, want.handle)[me].x.data, o.hidden);
+  }
+  const ref::HtDispatchResult want = ref::ht_dispatch(every_rank_tokens(o, ref::Dtype::fp8, routing), placement);
+  compare_dispatch(check, o, "dispatch fp8", got.fp8, want.recv[me]);
+  return layout.num_tokens_per_rank;
+}
+
+class HtBench {
+ public:
+  HtBench(Team& team, const HtBenchOptions& o)
+      : team_(team),
+        o_(o),
+        R_(team.size()),
+        me_(team.rank()),
+        stream_(new_stream()),
+        buffer_(team, HtBufferOptions{o.tokens, o.hidden, o.topk, o.experts}, config_for(o, team.size())),
+        check_(team.rank()) {}
+
+  // Runs every op once on this rank's inputs, then compares the outputs with the global CPU reference.
+  // The GPU work comes first, with no heavy CPU work in between, so that the ranks reach each collective
+  // together (device waits are bounded by the team's timeout); the reference runs afterwards. Keeps what
+  // the timed runs need: device inputs, layout outputs, the BF16 dispatch's handle and combine input y.
+  bool check() {
+    const Routing mine = make_routing(o_, me_);
+    topk_idx_ = upload(mine.topk_idx.data, stream());
+    weights_ = upload(mine.weights.data, stream());
+    x_bf16_ = upload(make_tokens(o_, me_, ref::Dtype::bf16, mine).x_bf16.data, stream());
+    const ref::HtTokens fp8 = make_tokens(o_, me_, ref::Dtype::fp8, mine);
+    x_fp8_ = upload(fp8.x_fp8.data, stream());
+    scales_ = upload(fp8.x_scales.data, stream());  // row-major [T][H/128]
+    const Outputs got = run_once();
+    rows_to_rank_ = compare_with_reference(o_, R_, me_, got, check_);
+    return check_.ok();
+  }
+
+  std::vector<Measured> time_all() {
+    int l2_bytes = 0;
+    check_cuda(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, team_.device()), "cudaDeviceGetAttribute");
+    const std::size_t flush_bytes = 2 * std::size_t(l2_bytes);
+    DeviceMemory flush = device_alloc(flush_bytes);
+    // Untimed before every repetition: evict L2 (inputs come from HBM, as DESIGN §3 asks), then a
+    // barrier so that every rank's repetition starts together.
+    const auto before = [&](cudaStream_t s) {
+      check_cuda(cudaMemsetAsync(flush.get(), 0, flush_bytes, s), "cudaMemsetAsync(L2 flush)");
+      enqueue_team_barrier(team_, s);
+    };
+    const auto time = [&](const std::function<void(cudaStream_t)>& op) {
+      return time_on_stream(stream_.get(), o_.warmup, o_.repetitions, before, op);
+    };
+    // Dropping a handle frees its device memory, which synchronises the device: keep every handle the
+    // timed dispatches make until the timing is over, so that no repetition pays for the one before.
+    std::vector<std::shared_ptr<const HtHandle>> handles;
+    handles.reserve(2 * std::size_t(o_.warmup + o_.repetitions));
+    const int sms = buffer_.config().num_sms;
+    const HtDispatchArgs cached = cached_args();
+    const HtCombineArgs combine = combine_args();
+
+    const auto layout = [&](cudaStream_t s) { buffer_.get_layout(topk_idx(), layout_out_, HtStreams{s}); };
+    const auto dispatch_bf16 = [&](cudaStream_t s) {
+      handles.push_back(buffer_.dispatch(bf16_args(), HtStreams{s}).handle);
+    };
+    const auto dispatch_fp8 = [&](cudaStream_t s) {
+      handles.push_back(buffer_.dispatch(fp8_args(), HtStreams{s}).handle);
+    };
+    const auto combine_bf16 = [&](cudaStream_t s) { buffer_.combine(combine, HtStreams{s}); };
+    const auto dispatch_cached = [&](cudaStream_t s) { buffer_.dispatch(cached, HtStreams{s}); };
+
+    std::vector<Measured> rows;
+    rows.push_back({"layout", "int64", 0, time(layout), 0, 0});
+    rows.push_back(
+        {"dispatch", "bf16", sms, time(dispatch_bf16), dispatch_nvlink_bytes(false), dispatch_algo_bytes(false)});
+    rows.push_back(
+        {"dispatch", "fp8", sms, time(dispatch_fp8), dispatch_nvlink_bytes(true), dispatch_algo_bytes(true)});
+    rows.push_back({"combine", "bf16", sms, time(combine_bf16), combine_nvlink_bytes(), dispatch_algo_bytes(false)});
+    rows.push_back({"dispatch_cached", "bf16", sms, time(dispatch_cached), dispatch_nvlink_bytes(false),
+                    dispatch_algo_bytes(false)});
+    check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
+    team_.check_device_errors();
+    return rows;
+  }
+
+  cudaStream_t stream() const { return stream_.get(); }
+  std::size_t buffer_bytes() const { return buffer_.buffer_bytes(); }
+
+ private:
+  TensorRef topk_idx() const { return TensorRef::matrix(topk_idx_.get(), ScalarType::int64, o_.tokens, o_.topk); }
+
+  HtDispatchArgs bf16_args() const {
+    HtDispatchArgs a;
+    a.x = TensorRef::matrix(x_bf16_.get(), ScalarType::bf16, o_.tokens, o_.hidden);
+    a.topk_idx = topk_idx();
+    a.topk_weights = TensorRef::matrix(weights_.get(), ScalarType::float32, o_.tokens, o_.topk);
+    return a;
+  }
+
+  HtDispatchArgs cached_args() const {
+    HtDispatchArgs a = bf16_args();
+    a.cached = handle_;
+    return a;
+  }
+
+  HtCombineArgs combine_args() const {
+    HtCombineArgs a;
+    a.y = TensorRef::matrix(y_.get(), ScalarType::bf16, num_recv_, o_.hidden);
+    a.handle = handle_;
+    return a;
+  }
+
+  HtDispatchArgs fp8_args() const {
+    HtDispatchArgs a = bf16_args();
+    a.x = TensorRef::matrix(x_fp8_.get(), ScalarType::fp8_e4m3, o_.tokens, o_.hidden);
+    a.x_scales = TensorRef::matrix(scales_.get(), ScalarType::float32, o_.tokens, o_.hidden / ref::kFp8GroupSize);
+    return a;
+  }
+
+  Outputs run_once() {
+    Outputs got;
+    rank_counts_ = device_alloc(sizeof(int32_t) * R_);
+    expert_counts_ = device_alloc(sizeof(int32_t) * o_.experts);
+    in_rank_ = device_alloc(std::size_t(o_.tokens) * R_);
+    layout_out_ = HtLayout{static_cast<int32_t*>(rank_counts_.get()), static_cast<int32_t*>(expert_counts_.get()),
+                           static_cast<bool*>(in_rank_.get())};
+    buffer_.get_layout(topk_idx(), layout_out_, HtStreams{stream()});
+    got.rank_counts = download<int32_t>(TensorRef::vector(rank_counts_.get(), ScalarType::int32, R_), stream());
+    got.expert_counts =
+        download<int32_t>(TensorRef::vector(expert_counts_.get(), ScalarType::int32, o_.experts), stream());
+    got.in_rank = download<uint8_t>(TensorRef::matrix(in_rank_.get(), ScalarType::boolean, o_.tokens, R_), stream());
+
+    const HtDispatchResult bf16 = buffer_.dispatch(bf16_args(), HtStreams{stream()});
+    got.bf16 = fetch(bf16);
+    handle_ = bf16.handle;
+    num_recv_ = bf16.num_rows;
+    // The received rows are the combine input; copy them out: the next dispatch reuses the receive area.
+    const std::size_t y_bytes = std::size_t(num_recv_) * o_.hidden * 2;
+    y_ = device_alloc(y_bytes);
+    check_cuda(cudaMemcpyAsync(y_.get(), bf16.recv_x.data, y_bytes, cudaMemcpyDeviceToDevice, stream()),
+               "cudaMemcpyAsync");
+    got.cached = fetch(buffer_.dispatch(cached_args(), HtStreams{stream()}));
+    got.combined = download<uint16_t>(buffer_.combine(combine_args(), HtStreams{stream()}).x, stream());
+    got.fp8 = fetch(buffer_.dispatch(fp8_args(), HtStreams{stream()}));
+    team_.check_device_errors();
+    return got;
+  }
+
+  Received fetch(const HtDispatchResult& r) const {
+    Received got;
+    got.num_recv_tokens = r.num_recv_tokens;
+    got.num_rows = r.num_rows;
+    if (r.recv_x.type == ScalarType::fp8_e4m3) {
+      got.x_fp8 = download<uint8_t>(r.recv_x, stream());
+      got.scales = download<float>(r.recv_x_scales, stream());
+    } else {
+      got.x_bf16 = download<uint16_t>(r.recv_x, stream());
+    }
+    got.src_idx = download<int32_t>(r.recv_src_idx, stream());
+    got.topk_idx = download<int64_t>(r.recv_topk_idx, stream());
+    got.weights = download<float>(r.recv_topk_weights, stream());
+    got.expert_counts = download<int32_t>(r.num_recv_tokens_per_expert, stream());
+    got.expert_counts_host = r.num_recv_tokens_per_expert_host;
+    return got;
+  }
+
+  // ---- Byte accounting (per rank and direction) ----
+
+  // Rows this rank sends over NVLink (every destination but itself) x (row payload + metadata:
+  // src_idx, topk_idx int64 and weight per slot, FP8 scales).
+  double dispatch_nvlink_bytes(bool fp8) const {
+    int64_t remote_rows = 0;
+    for (int d = 0; d < R_; ++d) remote_rows += d == me_ ? 0 : rows_to_rank_[d];
+    const double scale_bytes = fp8 ? o_.hidden / 128 * 4.0 : 0.0;
+    const double row = (fp8 ? 1.0 : 2.0) * o_.hidden + 4 + o_.topk * (8 + 4) + scale_bytes;
+    return double(remote_rows) * row;
+  }
+  // DeepEP's convention: received rows (this rank's own included) x H x 2, FP8 scaled by (1 + 4/128)/2.
+  double dispatch_algo_bytes(bool fp8) const {
+    return double(num_recv_) * o_.hidden * 2.0 * (fp8 ? (1.0 + 4.0 / 128.0) / 2.0 : 1.0);
+  }
+  // Combine sends back every received row that came from another rank (BF16, no weights, no bias).
+  double combine_nvlink_bytes() const { return double(num_recv_ - rows_to_rank_[me_]) * o_.hidden * 2.0; }
+
+  Team& team_;
+  const HtBenchOptions& o_;
+  int R_, me_;
+  std::unique_ptr<CUstream_st, StreamDestroy> stream_;
+  HtBuffer buffer_;
+  Checker check_;
+  DeviceMemory topk_idx_, weights_, x_bf16_, x_fp8_, scales_, y_;
+  DeviceMemory rank_counts_, expert_counts_, in_rank_;
+  HtLayout layout_out_;
+  std::vector<int32_t> rows_to_rank_;       // this rank's tokens per destination rank (reference layout)
+  std::shared_ptr<const HtHandle> handle_;  // of the checked BF16 dispatch: combine and cached dispatch use it
+  int64_t num_recv_ = 0;                    // N of that dispatch
+};
+
+void validate(const HtBenchOptions& o) {
+  auto require = [](bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("HT bench: " + what);
+  };
+  require(o.tokens >= 1 && o.hidden >= 1 && o.topk >= 1 && o.experts >= 1,
+          "--tokens, --hidden, --topk and --experts must be positive");
+  require(o.topk <= o.experts, "--topk must be at most --experts (each token picks distinct experts)");
+  require(o.num_sms >= 0, "--ht-sms must be >= 0 (0: the library's default)");
+  require(o.repetitions >= 1 && o.warmup >= 0, "repetitions must be >= 1");
+}
+
+// Every rank's (median, min, max, NVLink bytes, algorithm bytes) per row -> the slowest rank's row.
+std::vector<HtBenchRow> gather(Team& team, cudaStream_t stream, const std::vector<Measured>& measured) {
+  std::vector<double> mine;
+  for (const Measured& m : measured) {
+    mine.insert(mine.end(), {m.timing.median_us, m.timing.min_us, m.timing.max_us, m.nvlink_bytes, m.algo_bytes});
+  }
+  const std::vector<double> all = all_gather(team, stream, mine);
+  const std::size_t n = mine.size();
+  std::vector<HtBenchRow> rows;
+  for (std::size_t i = 0; i < measured.size(); ++i) {
+    auto at = [&](int r, int field) { return all[r * n + i * kValuesPerRow + field]; };
+    HtBenchRow row;
+    row.op = measured[i].op;
+    row.dtype = measured[i].dtype;
+    row.sms = measured[i].sms;
+    row.min_us = at(0, 1);
+    row.max_us = at(0, 2);
+    for (int r = 0; r < team.size(); ++r) {
+      row.median_us_per_rank.push_back(at(r, 0));
+      if (at(r, 0) > at(row.slowest_rank, 0)) row.slowest_rank = r;
+      row.min_us = std::min(row.min_us, at(r, 1));
+      row.max_us = std::max(row.max_us, at(r, 2));
+    }
+    row.time_us = at(row.slowest_rank, 0);
+    row.nvlink_bytes = at(row.slowest_rank, 3);
+    row.algo_bytes = at(row.slowest_rank, 4);
+    row.nvlink_gbps = row.nvlink_bytes / row.time_us / 1e3;
+    row.algo_gbps = row.algo_bytes / row.time_us / 1e3;
+    row.checked = true;  // only reached when every rank's check passed
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace
+
+HtBenchResult run_ht_bench(Team& team, const HtBenchOptions& options) {
+  validate(options);
+  const auto start = std::chrono::steady_clock::now();
+  HtBench bench(team, options);
+  const bool ok = bench.check();
+  const std::vector<double> passed = all_gather(team, bench.stream(), {ok ? 1.0 : 0.0});
+  std::string failed;
+  for (int r = 0; r < team.size(); ++r) {
+    if (passed[r] == 0.0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!failed.empty()) {
+    throw std::runtime_error("HT outputs differ from the CPU reference on rank(s) " + failed + " (details above)");
+  }
+  if (team.rank() == 0) {
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    std::printf("HT: every rank's outputs equal the CPU reference (checked in %.1f s); timing...\n", took.count());
+    std::fflush(stdout);
+  }
+
+  HtBenchResult result;
+  result.ranks = team.size();
+  result.tokens = options.tokens;
+  result.hidden = options.hidden;
+  result.topk = options.topk;
+  result.experts = options.experts;
+  result.repetitions = options.repetitions;
+  result.buffer_bytes = bench.buffer_bytes();
+  result.rows = gather(team, bench.stream(), bench.time_all());
+  return result;
+}
+
+}  // namespace epx::bench

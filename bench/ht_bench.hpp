@@ -1,0 +1,51 @@
+// The high-throughput (HT) benchmark: epx::HtBuffer's layout, dispatch (BF16, FP8, cached BF16) and
+// combine on a DeepSeek-V3-like shape, every op checked bit-exactly against the CPU reference once
+// before it is timed (DESIGN.md §1.1 and §3).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epx/team.hpp"
+
+namespace epx::bench {
+
+struct HtBenchOptions {
+  int tokens = 4096;  // T per rank
+  int hidden = 7168;  // H
+  int topk = 8;       // K
+  int experts = 256;  // E
+  int num_sms = 0;    // HtConfig::num_sms; 0: default_ht_config(R)
+  int warmup = 10;
+  int repetitions = 100;  // timed, per op
+  uint64_t seed = 20261122;
+};
+
+// One timed op. Times are the slowest rank's: time_us is the largest per-rank median; min/max are over
+// every rank's repetitions. Bytes (per rank and direction) and GB/s are the slowest rank's too.
+struct HtBenchRow {
+  std::string op;     // layout, dispatch, dispatch_cached, combine
+  std::string dtype;  // bf16 or fp8 (x's type); int64 for layout (it reads only topk_idx)
+  int sms = 0;        // HtConfig::num_sms of the send kernels; 0 for layout (its grid is fixed)
+  double time_us = 0, min_us = 0, max_us = 0;
+  int slowest_rank = 0;
+  std::vector<double> median_us_per_rank;
+  double nvlink_bytes = 0, algo_bytes = 0;
+  double nvlink_gbps = 0, algo_gbps = 0;
+  bool checked = false;  // every rank's outputs equalled the CPU reference
+};
+
+struct HtBenchResult {
+  int ranks = 0, tokens = 0, hidden = 0, topk = 0, experts = 0;
+  int repetitions = 0;
+  std::size_t buffer_bytes = 0;  // HtBuffer::buffer_bytes() on this rank
+  std::vector<HtBenchRow> rows;
+};
+
+// Collective over the team (one process per GPU); every rank returns the same gathered result. Throws
+// (after every rank has printed what differed) when any rank's outputs differ from the reference.
+HtBenchResult run_ht_bench(Team& team, const HtBenchOptions& options);
+
+}  // namespace epx::bench
