@@ -172,6 +172,9 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
           "HtBufferOptions::num_experts (" + std::to_string(options.num_experts) +
               ") must be a positive multiple of the team size (" + std::to_string(R) + ")");
   require(int64_t(R) * options.max_tokens_per_rank < (int64_t(1) << 31), "R * max_tokens_per_rank must fit in int32");
+  require(options.num_experts <= kh::kMaxLayoutExperts,
+          "HtBufferOptions::num_experts is at most " + std::to_string(kh::kMaxLayoutExperts) + ", got " +
+              std::to_string(options.num_experts));
   impl_->validate_config(config);
   impl_->areas = core::ht_areas(options, R);
   impl_->memory = team.allocate_symmetric(impl_->areas.total);
@@ -233,6 +236,8 @@ void HtBuffer::get_layout(const TensorRef& topk_idx, const HtLayout& out, const 
   outputs.expert_token_counts = out.num_tokens_per_expert;
   outputs.is_token_in_rank = out.is_token_in_rank;
   outputs.error = &im.mailbox_device->input;
+  check_cuda(cudaMemsetAsync(out.num_tokens_per_expert, 0, sizeof(int32_t) * im.options.num_experts, stream),
+             "cudaMemsetAsync(num_tokens_per_expert)");
   kh::launch_layout(topk_idx.data, topk_idx.type == ScalarType::int64, topk_idx.row_stride, int(topk_idx.rows),
                     int(topk_idx.cols), im.team.size(), im.options.num_experts, outputs, stream);
   im.end(streams, stream);

@@ -26,8 +26,9 @@
 namespace epx::kernels::ht {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 1024;  // 32 warps: more rows in flight per SM
 constexpr int kWarpsPerCta = kThreads / kWarp;
+constexpr int kReduceUnroll = 2;  // vectors per lane in flight per rank (more spills at 64 registers)
 
 __device__ bool wait_all(const BufferView& b, int kind, uint64_t seq, transport::WaitPhase phase) {
   bool ok = true;
@@ -113,23 +114,39 @@ __global__ void __launch_bounds__(kThreads) combine_reduce_kernel(CombineArgs a)
   const uint8_t* landing = b.at<uint8_t>(me, b.combine_y);
   for (int t = blockIdx.x * kWarpsPerCta + warp; t < a.num_tokens; t += gridDim.x * kWarpsPerCta) {
     const int32_t* pos = a.handle.send_pos + int64_t(t) * R;
-    for (int j = lane; j < vectors; j += kWarp) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    // Each lane owns kReduceUnroll vectors at a time; per rank they are loaded together before they are
+    // added, so kReduceUnroll loads are in flight (ranks stay in ascending order).
+    for (int base = 0; base < vectors; base += kWarp * kReduceUnroll) {
+      float acc[kReduceUnroll][8] = {};
       for (int r = 0; r < R; ++r) {
         if (pos[r] < 0) continue;
-        const int4* row =
-            r == me ? reinterpret_cast<const int4*>(a.y + int64_t(a.handle.send_begin[me] + pos[r]) * a.y_row_stride)
-                    : reinterpret_cast<const int4*>(landing + (int64_t(t) * R + r) * row_bytes);
-        accumulate(acc, load_stream(row + j));
-      }
-      if (a.bias != nullptr) {
-        accumulate(acc, load_stream(reinterpret_cast<const int4*>(a.bias + int64_t(t) * a.bias_row_stride) + j));
-      }
-      int4 packed;
-      __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&packed);
+        const int4* row = r == me ? reinterpret_cast<const int4*>(a.y + int64_t(a.handle.send_begin[me] + pos[r]) *
+                                                                            a.y_row_stride)
+                                  : reinterpret_cast<const int4*>(landing + (int64_t(t) * R + r) * row_bytes);
+        int4 v[kReduceUnroll];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-      reinterpret_cast<int4*>(a.out + int64_t(t) * a.hidden)[j] = packed;
+        for (int u = 0; u < kReduceUnroll; ++u) {
+          const int j = base + u * kWarp + lane;
+          if (j < vectors) v[u] = load_stream(row + j);
+        }
+#pragma unroll
+        for (int u = 0; u < kReduceUnroll; ++u) {
+          if (base + u * kWarp + lane < vectors) accumulate(acc[u], v[u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kReduceUnroll; ++u) {
+        const int j = base + u * kWarp + lane;
+        if (j >= vectors) continue;
+        if (a.bias != nullptr) {
+          accumulate(acc[u], load_stream(reinterpret_cast<const int4*>(a.bias + int64_t(t) * a.bias_row_stride) + j));
+        }
+        int4 packed;
+        __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(acc[u][2 * q], acc[u][2 * q + 1]);
+        reinterpret_cast<int4*>(a.out + int64_t(t) * a.hidden)[j] = packed;
+      }
     }
     if (a.out_weights != nullptr && lane < a.topk) {
       float w = 0.0f;

@@ -24,7 +24,7 @@
 namespace epx::kernels::ht {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 1024;  // 32 warps: more rows in flight per SM (the send is latency-bound)
 constexpr int kWarpsPerCta = kThreads / kWarp;
 constexpr int kMaxRanks = kMaxNvlinkRanks;
 

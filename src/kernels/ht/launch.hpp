@@ -17,6 +17,8 @@ struct LayoutOutputs {
 };
 
 // Counts tokens per rank and per expert, and each token's position among the tokens for each rank.
+// expert_token_counts must be zero on entry (it is accumulated); num_experts <= kMaxLayoutExperts.
+constexpr int kMaxLayoutExperts = 8192;  // the histogram lives in shared memory (32 KiB)
 void launch_layout(const void* topk_idx, bool topk_int64, int64_t topk_row_stride, int num_tokens, int topk,
                    int num_ranks, int num_experts, const LayoutOutputs& out, cudaStream_t stream);
 

@@ -1,13 +1,13 @@
 // HT layout: from topk_idx, each token's ranks and experts.
 //
-// Grid: R "rank" CTAs, then ceil(E / kExpertsPerCta) "expert" CTAs.
-//  * Rank CTA r walks the tokens in tiles of blockDim; a token goes to r if any of its experts lives
+// Grid: R "rank" CTAs, then ceil(T / kThreads) "histogram" CTAs.
+//  * Rank CTA r walks the tokens in tiles of kThreads; a token goes to r if any of its experts lives
 //    there. A block-wide exclusive scan gives its position among the tokens for r (send_pos), the
 //    running total gives rank_counts[r].
-//  * Expert CTA b counts, for experts [b * kExpertsPerCta, ...), the tokens naming each (a token naming
-//    an expert twice counts once) with shared-memory atomics.
-// An id outside [-1, E) is recorded in `error` (first one wins) and ignored; the notify kernel turns
-// it into a failed call on every rank.
+//  * Histogram CTA h counts, for its kThreads tokens, the tokens naming each expert (a token naming an
+//    expert twice counts once) in shared memory, then adds them to expert_token_counts, which the
+//    caller has zeroed. It also checks the ids: one outside [-1, E) is recorded in `error` (first one
+//    wins) and ignored; the notify kernel turns it into a failed call on every rank.
 #include <cub/block/block_scan.cuh>
 
 #include "core/cuda_check.hpp"
@@ -16,8 +16,7 @@
 namespace epx::kernels::ht {
 namespace {
 
-constexpr int kThreads = 512;
-constexpr int kExpertsPerCta = 64;
+constexpr int kThreads = 1024;
 
 __device__ int64_t topk_at(const void* topk, bool is_int64, int64_t row_stride, int t, int k) {
   return is_int64 ? static_cast<const int64_t*>(topk)[t * row_stride + k]
@@ -32,14 +31,15 @@ __device__ void record_error(InputError* error, int t, int k, int64_t value) {
   __threadfence_system();
 }
 
-__global__ void __launch_bounds__(kThreads)
-    layout_kernel(const void* topk, bool is_int64, int64_t row_stride, int num_tokens, int topk_n, int num_ranks,
-                  int num_experts, LayoutOutputs out) {
+__global__ void __launch_bounds__(kThreads) layout_kernel(const void* topk, bool is_int64, int64_t row_stride,
+                                                          int num_tokens, int topk_n, int num_ranks, int num_experts,
+                                                          LayoutOutputs out) {
   const int experts_per_rank = num_experts / num_ranks;
   if (blockIdx.x < num_ranks) {
     using Scan = cub::BlockScan<int, kThreads>;
     __shared__ typename Scan::TempStorage scan_storage;
     const int r = blockIdx.x;
+    const int64_t first = int64_t(r) * experts_per_rank, last = first + experts_per_rank;
     int total = 0;
     for (int tile = 0; tile < num_tokens; tile += kThreads) {
       const int t = tile + threadIdx.x;
@@ -47,11 +47,7 @@ __global__ void __launch_bounds__(kThreads)
       if (t < num_tokens) {
         for (int k = 0; k < topk_n; ++k) {
           const int64_t e = topk_at(topk, is_int64, row_stride, t, k);
-          if (e < -1 || e >= num_experts) {
-            if (r == 0) record_error(out.error, t, k, e);
-            continue;
-          }
-          in_rank |= e >= 0 && e / experts_per_rank == r;
+          in_rank |= e >= first && e < last;
         }
       }
       int position, tile_total;
@@ -66,22 +62,23 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) out.rank_counts[r] = total;
     return;
   }
-  __shared__ int counts[kExpertsPerCta];
-  const int first = (blockIdx.x - num_ranks) * kExpertsPerCta;
-  for (int i = threadIdx.x; i < kExpertsPerCta; i += kThreads) counts[i] = 0;
+  extern __shared__ int counts[];  // [num_experts]
+  for (int e = threadIdx.x; e < num_experts; e += kThreads) counts[e] = 0;
   __syncthreads();
-  for (int t = threadIdx.x; t < num_tokens; t += kThreads) {
+  const int t = (blockIdx.x - num_ranks) * kThreads + threadIdx.x;
+  if (t < num_tokens) {
     for (int k = 0; k < topk_n; ++k) {
       const int64_t e = topk_at(topk, is_int64, row_stride, t, k);
-      if (e < first || e >= first + kExpertsPerCta || e >= num_experts) continue;
+      if (e < -1 || e >= num_experts) record_error(out.error, t, k, e);
+      if (e < 0 || e >= num_experts) continue;
       bool repeated = false;
       for (int j = 0; j < k; ++j) repeated |= topk_at(topk, is_int64, row_stride, t, j) == e;
-      if (!repeated) atomicAdd(&counts[e - first], 1);
+      if (!repeated) atomicAdd(&counts[e], 1);
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kExpertsPerCta && first + i < num_experts; i += kThreads) {
-    out.expert_token_counts[first + i] = counts[i];
+  for (int e = threadIdx.x; e < num_experts; e += kThreads) {
+    if (counts[e] != 0) atomicAdd(&out.expert_token_counts[e], counts[e]);
   }
 }
 
@@ -89,9 +86,10 @@ __global__ void __launch_bounds__(kThreads)
 
 void launch_layout(const void* topk_idx, bool topk_int64, int64_t topk_row_stride, int num_tokens, int topk,
                    int num_ranks, int num_experts, const LayoutOutputs& out, cudaStream_t stream) {
-  const int blocks = num_ranks + (num_experts + kExpertsPerCta - 1) / kExpertsPerCta;
-  layout_kernel<<<blocks, kThreads, 0, stream>>>(topk_idx, topk_int64, topk_row_stride, num_tokens, topk, num_ranks,
-                                                 num_experts, out);
+  const int blocks = num_ranks + (num_tokens + kThreads - 1) / kThreads;
+  const std::size_t histogram_bytes = sizeof(int) * num_experts;
+  layout_kernel<<<blocks, kThreads, histogram_bytes, stream>>>(topk_idx, topk_int64, topk_row_stride, num_tokens, topk,
+                                                               num_ranks, num_experts, out);
   detail::check_launch("ht layout_kernel");
 }
 
