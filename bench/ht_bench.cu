@@ -280,6 +280,16 @@ std::vector<int32_t> compare_with_reference(const HtBenchOptions& o, int num_ran
   return layout.num_tokens_per_rank;
 }
 
+// Collective: throws on every rank, naming the failed ones, unless every rank's `ok` holds.
+void require_every_rank(Team& team, cudaStream_t stream, bool ok, const std::string& what) {
+  const std::vector<double> passed = all_gather(team, stream, {ok ? 1.0 : 0.0});
+  std::string failed;
+  for (int r = 0; r < team.size(); ++r) {
+    if (passed[r] == 0.0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!failed.empty()) throw std::runtime_error(what + " on rank(s) " + failed + " (details above)");
+}
+
 class HtBench {
  public:
   HtBench(Team& team, const HtBenchOptions& o)
@@ -303,12 +313,15 @@ class HtBench {
     const ref::HtTokens fp8 = make_tokens(o_, me_, ref::Dtype::fp8, mine);
     x_fp8_ = upload(fp8.x_fp8.data, stream());
     scales_ = upload(fp8.x_scales.data, stream());  // row-major [T][H/128]
-    const Outputs got = run_once();
+    Outputs got = run_once();
     rows_to_rank_ = compare_with_reference(o_, R_, me_, got, check_);
+    if (o_.tune) checked_ = std::move(got);
     return check_.ok();
   }
 
-  std::vector<Measured> time_all() {
+  // Every op, `repetitions` times each with the buffer's current config. Unless `every_op`, only those
+  // tune() compares: dispatch BF16 (exact form), dispatch FP8 and combine.
+  std::vector<Measured> time_ops(int repetitions, bool every_op) {
     int l2_bytes = 0;
     check_cuda(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, team_.device()), "cudaDeviceGetAttribute");
     const std::size_t flush_bytes = 2 * std::size_t(l2_bytes);
@@ -320,37 +333,61 @@ class HtBench {
       enqueue_team_barrier(team_, s);
     };
     const auto time = [&](const std::function<void(cudaStream_t)>& op) {
-      return time_on_stream(stream_.get(), o_.warmup, o_.repetitions, before, op);
+      return time_on_stream(stream_.get(), o_.warmup, repetitions, before, op);
     };
-    // Dropping a handle frees its device memory, which synchronises the device: keep every handle the
-    // timed dispatches make until the timing is over, so that no repetition pays for the one before.
-    std::vector<std::shared_ptr<const HtHandle>> handles;
-    handles.reserve(2 * std::size_t(o_.warmup + o_.repetitions));
     const int sms = buffer_.config().num_sms;
     const HtDispatchArgs cached = cached_args();
     const HtCombineArgs combine = combine_args();
 
     const auto layout = [&](cudaStream_t s) { buffer_.get_layout(topk_idx(), layout_out_, HtStreams{s}); };
-    const auto dispatch_bf16 = [&](cudaStream_t s) {
-      handles.push_back(buffer_.dispatch(bf16_args(), HtStreams{s}).handle);
-    };
-    const auto dispatch_fp8 = [&](cudaStream_t s) {
-      handles.push_back(buffer_.dispatch(fp8_args(), HtStreams{s}).handle);
-    };
+    // A dropped handle goes back to the buffer's pool (no free, no device synchronisation).
+    const auto dispatch_bf16 = [&](cudaStream_t s) { buffer_.dispatch(bf16_args(), HtStreams{s}); };
+    const auto dispatch_fp8 = [&](cudaStream_t s) { buffer_.dispatch(fp8_args(), HtStreams{s}); };
     const auto combine_bf16 = [&](cudaStream_t s) { buffer_.combine(combine, HtStreams{s}); };
+    // y already in the buffer's combine input (as an expert GEMM could write it): no copy.
+    HtCombineArgs in_place = combine;
+    in_place.y = buffer_.combine_input(num_recv_, o_.hidden);
+    check_cuda(cudaMemcpyAsync(in_place.y.data, combine.y.data, std::size_t(num_recv_) * o_.hidden * 2,
+                               cudaMemcpyDeviceToDevice, stream_.get()),
+               "cudaMemcpyAsync(y into the combine input)");
+    const auto combine_zero_copy = [&](cudaStream_t s) { buffer_.combine(in_place, HtStreams{s}); };
     const auto dispatch_cached = [&](cudaStream_t s) { buffer_.dispatch(cached, HtStreams{s}); };
 
     std::vector<Measured> rows;
-    rows.push_back({"layout", "int64", 0, time(layout), 0, 0});
+    if (every_op) rows.push_back({"layout", "int64", 0, time(layout), 0, 0});
     rows.push_back(
         {"dispatch", "bf16", sms, time(dispatch_bf16), dispatch_nvlink_bytes(false), dispatch_algo_bytes(false)});
     rows.push_back(
         {"dispatch", "fp8", sms, time(dispatch_fp8), dispatch_nvlink_bytes(true), dispatch_algo_bytes(true)});
     rows.push_back({"combine", "bf16", sms, time(combine_bf16), combine_nvlink_bytes(), dispatch_algo_bytes(false)});
-    rows.push_back({"dispatch_cached", "bf16", sms, time(dispatch_cached), dispatch_nvlink_bytes(false),
+    rows.push_back({"combine_zero_copy", "bf16", sms, time(combine_zero_copy), combine_nvlink_bytes(),
                     dispatch_algo_bytes(false)});
+    if (every_op) {
+      rows.push_back({"dispatch_cached", "bf16", sms, time(dispatch_cached), dispatch_nvlink_bytes(false),
+                      dispatch_algo_bytes(false)});
+    }
     check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
     team_.check_device_errors();
+    return rows;
+  }
+
+  // For each of kHtTuneSms up to the smallest SM count of any rank (every rank tries the same ones, in
+  // the same order): sets num_sms, checks the outputs again, then times the tuned ops. Throws when a
+  // setting's outputs differ on any rank.
+  std::vector<Measured> tune() {
+    int sm_count = 0;
+    check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, team_.device()),
+               "cudaDeviceGetAttribute");
+    const std::vector<double> sm_counts = all_gather(team_, stream(), {double(sm_count)});
+    const double fewest = *std::min_element(sm_counts.begin(), sm_counts.end());
+    std::vector<Measured> rows;
+    for (const int sms : kHtTuneSms) {
+      if (sms > fewest) continue;
+      buffer_.set_config(HtConfig{sms});
+      require_every_rank(team_, stream(), check_again(),
+                         "HT outputs with num_sms " + std::to_string(sms) + " differ from the checked ones");
+      for (const Measured& m : time_ops(o_.tune_repetitions, false)) rows.push_back(m);
+    }
     return rows;
   }
 
@@ -417,6 +454,27 @@ class HtBench {
     return got;
   }
 
+  // Runs dispatch BF16, combine (with that dispatch's handle) and dispatch FP8 once with the current
+  // config; their received rows and combined rows must equal the checked pass's bit for bit (which equal
+  // the reference's, hence the Checker's wording).
+  bool check_again() {
+    Checker check(me_);
+    const std::string at = " (num_sms " + std::to_string(buffer_.config().num_sms) + ")";
+    const HtDispatchResult bf16 = buffer_.dispatch(bf16_args(), HtStreams{stream()});
+    check.equal("dispatch bf16 recv_x" + at, download<uint16_t>(bf16.recv_x, stream()), checked_.bf16.x_bf16,
+                o_.hidden);
+    HtCombineArgs combine = combine_args();
+    if (bf16.num_rows == num_recv_) combine.handle = bf16.handle;  // else recv_x failed; combine all the same
+    check.equal("combine x" + at, download<uint16_t>(buffer_.combine(combine, HtStreams{stream()}).x, stream()),
+                checked_.combined, o_.hidden);
+    const HtDispatchResult fp8 = buffer_.dispatch(fp8_args(), HtStreams{stream()});
+    check.equal("dispatch fp8 recv_x" + at, download<uint8_t>(fp8.recv_x, stream()), checked_.fp8.x_fp8, o_.hidden);
+    check.equal("dispatch fp8 recv_x_scales" + at, download<float>(fp8.recv_x_scales, stream()), checked_.fp8.scales,
+                o_.hidden / ref::kFp8GroupSize);
+    team_.check_device_errors();
+    return check.ok();
+  }
+
   Received fetch(const HtDispatchResult& r) const {
     Received got;
     got.num_recv_tokens = r.num_recv_tokens;
@@ -465,6 +523,7 @@ class HtBench {
   std::vector<int32_t> rows_to_rank_;       // this rank's tokens per destination rank (reference layout)
   std::shared_ptr<const HtHandle> handle_;  // of the checked BF16 dispatch: combine and cached dispatch use it
   int64_t num_recv_ = 0;                    // N of that dispatch
+  Outputs checked_;                         // with o_.tune: the checked pass's outputs, for check_again()
 };
 
 void validate(const HtBenchOptions& o) {
@@ -475,7 +534,7 @@ void validate(const HtBenchOptions& o) {
           "--tokens, --hidden, --topk and --experts must be positive");
   require(o.topk <= o.experts, "--topk must be at most --experts (each token picks distinct experts)");
   require(o.num_sms >= 0, "--ht-sms must be >= 0 (0: the library's default)");
-  require(o.repetitions >= 1 && o.warmup >= 0, "repetitions must be >= 1");
+  require(o.repetitions >= 1 && o.tune_repetitions >= 1 && o.warmup >= 0, "repetitions must be >= 1");
 }
 
 // Every rank's (median, min, max, NVLink bytes, algorithm bytes) per row -> the slowest rank's row.
@@ -512,21 +571,29 @@ std::vector<HtBenchRow> gather(Team& team, cudaStream_t stream, const std::vecto
   return rows;
 }
 
+// The gathered rows of tune(), setting after setting -> one HtTuning per op and dtype.
+std::vector<HtTuning> by_op(const std::vector<HtBenchRow>& rows) {
+  std::vector<HtTuning> tuning;
+  for (const HtBenchRow& row : rows) {
+    auto t = std::find_if(tuning.begin(), tuning.end(),
+                          [&](const HtTuning& u) { return u.op == row.op && u.dtype == row.dtype; });
+    if (t == tuning.end()) t = tuning.insert(tuning.end(), HtTuning{row.op, row.dtype, {}, {}, 0});
+    t->sms.push_back(row.sms);
+    t->time_us.push_back(row.time_us);
+  }
+  for (HtTuning& t : tuning) {  // on a tie the fewer SMs: they leave more to overlapping compute
+    t.best_sms = t.sms[std::min_element(t.time_us.begin(), t.time_us.end()) - t.time_us.begin()];
+  }
+  return tuning;
+}
+
 }  // namespace
 
 HtBenchResult run_ht_bench(Team& team, const HtBenchOptions& options) {
   validate(options);
   const auto start = std::chrono::steady_clock::now();
   HtBench bench(team, options);
-  const bool ok = bench.check();
-  const std::vector<double> passed = all_gather(team, bench.stream(), {ok ? 1.0 : 0.0});
-  std::string failed;
-  for (int r = 0; r < team.size(); ++r) {
-    if (passed[r] == 0.0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-  }
-  if (!failed.empty()) {
-    throw std::runtime_error("HT outputs differ from the CPU reference on rank(s) " + failed + " (details above)");
-  }
+  require_every_rank(team, bench.stream(), bench.check(), "HT outputs differ from the CPU reference");
   if (team.rank() == 0) {
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     std::printf("HT: every rank's outputs equal the CPU reference (checked in %.1f s); timing...\n", took.count());
@@ -541,7 +608,15 @@ HtBenchResult run_ht_bench(Team& team, const HtBenchOptions& options) {
   result.experts = options.experts;
   result.repetitions = options.repetitions;
   result.buffer_bytes = bench.buffer_bytes();
-  result.rows = gather(team, bench.stream(), bench.time_all());
+  result.rows = gather(team, bench.stream(), bench.time_ops(options.repetitions, true));
+  if (options.tune) {
+    if (team.rank() == 0) {
+      std::printf("HT: tuning num_sms (each setting checked against the outputs above)...\n");
+      std::fflush(stdout);
+    }
+    result.tune_repetitions = options.tune_repetitions;
+    result.tuning = by_op(gather(team, bench.stream(), bench.tune()));
+  }
   return result;
 }
 

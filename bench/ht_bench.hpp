@@ -1,6 +1,7 @@
 // The high-throughput (HT) benchmark: epx::HtBuffer's layout, dispatch (BF16, FP8, cached BF16) and
 // combine on a DeepSeek-V3-like shape, every op checked bit-exactly against the CPU reference once
-// before it is timed (DESIGN.md §1.1 and §3).
+// before it is timed (DESIGN.md §1.1 and §3). With `tune`, it then times the send kernels' ops per
+// HtConfig::num_sms, the measurements default_ht_config cites.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +21,8 @@ struct HtBenchOptions {
   int num_sms = 0;    // HtConfig::num_sms; 0: default_ht_config(R)
   int warmup = 10;
   int repetitions = 100;  // timed, per op
+  bool tune = false;      // also time dispatch BF16/FP8 and combine per num_sms (kHtTuneSms)
+  int tune_repetitions = 30;
   uint64_t seed = 20261122;
 };
 
@@ -37,11 +40,24 @@ struct HtBenchRow {
   bool checked = false;  // every rank's outputs equalled the CPU reference
 };
 
+// The num_sms values `tune` tries (those above the smallest SM count of any rank are left out).
+inline constexpr int kHtTuneSms[] = {8, 12, 16, 20, 24, 32};
+
+// One op timed per num_sms by `tune`, each setting's outputs first compared with the checked pass's.
+struct HtTuning {
+  std::string op, dtype;        // dispatch bf16, dispatch fp8, combine bf16
+  std::vector<int> sms;         // the settings tried, ascending
+  std::vector<double> time_us;  // per setting: the slowest rank's median
+  int best_sms = 0;             // the setting of the smallest time_us
+};
+
 struct HtBenchResult {
   int ranks = 0, tokens = 0, hidden = 0, topk = 0, experts = 0;
   int repetitions = 0;
   std::size_t buffer_bytes = 0;  // HtBuffer::buffer_bytes() on this rank
   std::vector<HtBenchRow> rows;
+  int tune_repetitions = 0;
+  std::vector<HtTuning> tuning;  // empty unless options.tune
 };
 
 // Collective over the team (one process per GPU); every rank returns the same gathered result. Throws

@@ -32,13 +32,15 @@ struct Args {
 void usage() {
   std::printf(
       "usage: epx-bench [--json FILE] [--device-kind NAME] [--commit SHA] [--timeout-ms N]\n"
-      "                 [--skip-ht] [--ht-sms N] [--tokens T] [--hidden H] [--topk K] [--experts E]\n"
+      "                 [--skip-ht] [--ht-sms N] [--ht-tune] [--tokens T] [--hidden H] [--topk K] [--experts E]\n"
       "  Runs on every local GPU, one process each (or as one rank under torchrun-style RANK/WORLD_SIZE/\n"
       "  LOCAL_RANK/MASTER_ADDR/MASTER_PORT), measures the NVLink limits, then the HT layout, dispatch and\n"
       "  combine (T tokens per rank, default %d; H %d; top-%d of %d experts; --ht-sms: HtConfig::num_sms,\n"
-      "  default the library's), each checked against the CPU reference, and writes FILE (default %s).\n",
+      "  default the library's), each checked against the CPU reference, and writes FILE (default %s).\n"
+      "  --ht-tune: then times dispatch BF16/FP8 and combine per num_sms (8..32, %d repetitions each), each\n"
+      "  setting's outputs compared with the checked ones, and adds ht_tuning and ht_best_sms to FILE.\n",
       HtBenchOptions{}.tokens, HtBenchOptions{}.hidden, HtBenchOptions{}.topk, HtBenchOptions{}.experts,
-      Args{}.json_path.c_str());
+      Args{}.json_path.c_str(), HtBenchOptions{}.tune_repetitions);
 }
 
 Args parse(int argc, char** argv) {
@@ -75,6 +77,8 @@ Args parse(int argc, char** argv) {
       args.skip_ht = true;
     else if (a == "--ht-sms")
       args.ht.num_sms = number();
+    else if (a == "--ht-tune")
+      args.ht.tune = true;
     else if (a == "--tokens")
       args.ht.tokens = number();
     else if (a == "--hidden")
@@ -142,6 +146,25 @@ void write_ht_rows(JsonWriter& j, const HtBenchResult& ht) {
   }
 }
 
+// --ht-tune: "ht_tuning" [{op, dtype, sms, time_us}] and "ht_best_sms" {op_dtype: sms}.
+void write_ht_tuning(JsonWriter& j, const HtBenchResult& ht) {
+  j.begin_array("ht_tuning");
+  for (const HtTuning& t : ht.tuning) {
+    for (std::size_t i = 0; i < t.sms.size(); ++i) {
+      j.begin_object()
+          .field("op", t.op)
+          .field("dtype", t.dtype)
+          .field("sms", t.sms[i])
+          .field("time_us", t.time_us[i])
+          .end_object();
+    }
+  }
+  j.end_array();
+  j.begin_object("ht_best_sms");
+  for (const HtTuning& t : ht.tuning) j.field((t.op + "_" + t.dtype).c_str(), t.best_sms);
+  j.end_object();
+}
+
 void write_json(const Args& args, int ranks, const Limits& limits, const HtBenchResult* ht) {
   JsonWriter j;
   j.begin_object()
@@ -164,6 +187,7 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
   j.begin_array("results");
   if (ht != nullptr) write_ht_rows(j, *ht);
   j.end_array();
+  if (ht != nullptr && !ht->tuning.empty()) write_ht_tuning(j, *ht);
   j.end_object();
   std::ofstream out(args.json_path);
   out << j.str() << "\n";
@@ -177,7 +201,7 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
 double ht_target_us(const HtBenchRow& row) {
   if (row.op == "layout") return 15;
   if (row.op == "dispatch") return row.dtype == "fp8" ? 105 : 190;
-  if (row.op == "combine") return 190;
+  if (row.op == "combine" || row.op == "combine_zero_copy") return 190;
   return 0;
 }
 
@@ -202,6 +226,20 @@ void print_ht_table(const HtBenchResult& ht) {
   }
 }
 
+void print_ht_tuning(const HtBenchResult& ht) {
+  std::printf("\nHT tuning: op x num_sms -> slowest-rank median us (%d repetitions each; * the best per op)\n",
+              ht.tune_repetitions);
+  std::printf("%-16s %-6s", "op", "dtype");
+  for (int sms : ht.tuning.front().sms) std::printf(" %9d", sms);
+  for (const HtTuning& t : ht.tuning) {
+    std::printf("\n%-16s %-6s", t.op.c_str(), t.dtype.c_str());
+    for (std::size_t i = 0; i < t.sms.size(); ++i) {
+      std::printf(" %8.1f%c", t.time_us[i], t.sms[i] == t.best_sms ? '*' : ' ');
+    }
+  }
+  std::printf("\n");
+}
+
 void print_table(int ranks, const Limits& l, const HtBenchResult* ht) {
   std::printf("\nepx-bench, %d rank(s)\n", ranks);
   std::printf("%-44s %12s\n", "limit", "value");
@@ -220,6 +258,7 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht) {
   std::printf("%-44s %9.1f GB/s\n", "HBM device-to-device copy (read + write)", l.hbm_copy_gbps);
   if (ht != nullptr) {
     print_ht_table(*ht);
+    if (!ht->tuning.empty()) print_ht_tuning(*ht);
   } else {
     std::printf("\n(HT benchmark skipped: --skip-ht)\n");
   }

@@ -16,6 +16,8 @@
 // combine: y [N][H] BF16 (one row per received row, as dispatch returned them) goes back; the home rank
 // writes out[t] = sum over ranks that received t of y's row (float32 accumulation, ranks ascending),
 // plus bias once, as BF16 [T][H] in the original token order. Optional weights are summed the same way.
+// Home ranks read the rows they need straight from the other ranks' memory (combine_input()), in one
+// pass that also reduces.
 //
 // Every call is collective (all ranks call it in the same order) and runs on the given stream, or on
 // the buffer's communication stream when HtStreams::async is set (see HtStreams). Every argument is
@@ -113,6 +115,14 @@ class EPX_API HtBuffer {
   void get_layout(const TensorRef& topk_idx, const HtLayout& out, const HtStreams& streams);
   HtDispatchResult dispatch(const HtDispatchArgs& args, const HtStreams& streams);
   HtCombineResult combine(const HtCombineArgs& args, const HtStreams& streams);
+
+  // Where combine reads y from: [rows][hidden] bf16 (and [rows][topk] float32 weights) in the
+  // buffer's symmetric memory. A caller that writes y here (say, as its expert GEMM's output) and
+  // passes this view as HtCombineArgs::y saves combine a copy; any other y is copied here first.
+  // Write it only after the previous combine on this buffer, in stream order (that combine ends once
+  // every rank has finished reading it).
+  TensorRef combine_input(int64_t rows, int64_t hidden) const;
+  TensorRef combine_input_weights(int64_t rows, int64_t topk) const;
 
   const HtConfig& config() const;
   void set_config(const HtConfig& config);

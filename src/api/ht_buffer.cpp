@@ -75,8 +75,8 @@ kh::BufferView HtBuffer::Impl::view() const {
   v.recv_src_idx = areas.recv_src_idx;
   v.recv_topk_idx = areas.recv_topk_idx;
   v.recv_topk_weights = areas.recv_topk_weights;
-  v.combine_y = areas.combine_y;
-  v.combine_weights = areas.combine_weights;
+  v.combine_input = areas.combine_input;
+  v.combine_input_weights = areas.combine_input_weights;
   v.max_tokens = options.max_tokens_per_rank;
   v.hidden = options.hidden;
   v.max_topk = options.max_topk;
@@ -172,9 +172,9 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
           "HtBufferOptions::num_experts (" + std::to_string(options.num_experts) +
               ") must be a positive multiple of the team size (" + std::to_string(R) + ")");
   require(int64_t(R) * options.max_tokens_per_rank < (int64_t(1) << 31), "R * max_tokens_per_rank must fit in int32");
-  require(options.num_experts <= kh::kMaxLayoutExperts,
-          "HtBufferOptions::num_experts is at most " + std::to_string(kh::kMaxLayoutExperts) + ", got " +
-              std::to_string(options.num_experts));
+  require(options.num_experts <= kh::kMaxLayoutExperts, "HtBufferOptions::num_experts is at most " +
+                                                            std::to_string(kh::kMaxLayoutExperts) + ", got " +
+                                                            std::to_string(options.num_experts));
   impl_->validate_config(config);
   impl_->areas = core::ht_areas(options, R);
   impl_->memory = team.allocate_symmetric(impl_->areas.total);
@@ -212,6 +212,25 @@ void HtBuffer::set_config(const HtConfig& config) {
 
 std::size_t HtBuffer::buffer_bytes() const {
   return impl_->areas.total + impl_->private_bytes + impl_->handles->bytes();
+}
+
+TensorRef HtBuffer::combine_input(int64_t rows, int64_t hidden) const {
+  detail::ScopedRank scoped(impl_->team.rank());
+  require(rows >= 0 && rows <= impl_->areas.recv_rows && hidden >= 128 && hidden % 128 == 0 &&
+              hidden <= impl_->options.hidden,
+          "combine_input(" + std::to_string(rows) + ", " + std::to_string(hidden) + "): at most " +
+              std::to_string(impl_->areas.recv_rows) + " rows of a hidden size that is a multiple of 128, at most " +
+              std::to_string(impl_->options.hidden));
+  char* base = static_cast<char*>(impl_->memory.local());
+  return TensorRef::matrix(base + impl_->areas.combine_input, ScalarType::bf16, rows, hidden);
+}
+
+TensorRef HtBuffer::combine_input_weights(int64_t rows, int64_t topk) const {
+  detail::ScopedRank scoped(impl_->team.rank());
+  require(rows >= 0 && rows <= impl_->areas.recv_rows && topk >= 1 && topk <= impl_->options.max_topk,
+          "combine_input_weights(" + std::to_string(rows) + ", " + std::to_string(topk) + ") is out of range");
+  char* base = static_cast<char*>(impl_->memory.local());
+  return TensorRef::matrix(base + impl_->areas.combine_input_weights, ScalarType::float32, rows, topk);
 }
 
 std::size_t HtBuffer::required_bytes(const HtBufferOptions& options, int num_ranks) {
@@ -371,6 +390,9 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   require(handle.owner == &im, "the combine handle comes from another HtBuffer");
   const int64_t H = args.y.cols;
   core::check_tensor(args.y, {"y", {ScalarType::bf16}, -1, -1, true, 16});
+  const char* in_place = static_cast<const char*>(im.memory.local()) + im.areas.combine_input;
+  require(args.y.data != in_place || args.y.row_stride == H,
+          "y is the buffer's combine input, so it must be the dense view combine_input() returned");
   require(args.y.rows >= handle.num_rows,
           "y has " + std::to_string(args.y.rows) + " rows; the dispatch returned " + std::to_string(handle.num_rows));
   require(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
@@ -380,17 +402,31 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   core::check_optional_tensor(args.bias, {"bias", {ScalarType::bf16}, handle.num_tokens, H, true, 16});
 
   const cudaStream_t stream = im.begin(streams);
+  // Combine reads y (and the weights) from the buffer's combine input; copy them there unless the
+  // caller already wrote them in place (combine_input()).
+  char* base = static_cast<char*>(im.memory.local());
+  const int64_t rows = handle.num_rows;
+  char* input = base + im.areas.combine_input;
+  if (args.y.data != input && rows > 0) {
+    check_cuda(cudaMemcpy2DAsync(input, H * 2, args.y.data, args.y.row_stride * 2, H * 2, rows,
+                                 cudaMemcpyDeviceToDevice, stream),
+               "cudaMemcpy2DAsync(y into the combine input)");
+  }
+  char* input_weights = base + im.areas.combine_input_weights;
+  const bool weights = !args.topk_weights.empty();
+  if (weights && args.topk_weights.data != input_weights && rows > 0) {
+    check_cuda(
+        cudaMemcpy2DAsync(input_weights, handle.topk * 4, args.topk_weights.data, args.topk_weights.row_stride * 4,
+                          handle.topk * 4, rows, cudaMemcpyDeviceToDevice, stream),
+        "cudaMemcpy2DAsync(weights into the combine input)");
+  }
   kh::CombineArgs c{};
   c.buffer = im.view();
   c.handle = handle.view();
-  c.y = static_cast<const uint16_t*>(args.y.data);
-  c.y_row_stride = args.y.row_stride;
-  c.weights = static_cast<const float*>(args.topk_weights.data);
-  c.weights_row_stride = args.topk_weights.row_stride;
   c.bias = static_cast<const uint16_t*>(args.bias.data);
   c.bias_row_stride = args.bias.row_stride;
   c.out = im.combine_out;
-  c.out_weights = args.topk_weights.empty() ? nullptr : im.combine_out_weights;
+  c.out_weights = weights ? im.combine_out_weights : nullptr;
   c.num_tokens = handle.num_tokens;
   c.topk = handle.topk;
   c.hidden = int32_t(H);

@@ -22,7 +22,7 @@ HtAreas ht_areas(const HtBufferOptions& o, int num_ranks) {
   a.num_experts = o.num_experts;
   a.recv_rows = int64_t(num_ranks) * o.max_tokens_per_rank;
   a.x_row_bytes = std::size_t(o.hidden) * 2;
-  const std::size_t R = num_ranks, T = o.max_tokens_per_rank, K = o.max_topk, rows = a.recv_rows;
+  const std::size_t R = num_ranks, K = o.max_topk, rows = a.recv_rows;
   std::size_t c = 0;
   a.notify_counts = take(c, sizeof(int32_t) * R * (R + 1));
   a.notify_expert_counts = take(c, sizeof(int32_t) * R * a.experts_per_rank());
@@ -33,8 +33,8 @@ HtAreas ht_areas(const HtBufferOptions& o, int num_ranks) {
   a.recv_src_idx = take(c, rows * sizeof(int32_t));
   a.recv_topk_idx = take(c, rows * sizeof(int64_t) * K);
   a.recv_topk_weights = take(c, rows * sizeof(float) * K);
-  a.combine_y = take(c, T * R * a.x_row_bytes);
-  a.combine_weights = take(c, T * R * sizeof(float) * K);
+  a.combine_input = take(c, rows * a.x_row_bytes);
+  a.combine_input_weights = take(c, rows * sizeof(float) * K);
   a.total = (c + kAlign - 1) / kAlign * kAlign;
   return a;
 }

@@ -2,7 +2,7 @@
 //
 //   control   notify counts and flags (see src/kernels/ht/protocol.hpp for who writes what)
 //   dispatch  the receive area: R * T_max rows of x, scales, src_idx, topk_idx, topk_weights
-//   combine   the home side's landing area: [T_max][R] rows of y and of weights
+//   combine   combine's input: one row of y (and weights) per received row, which the home ranks read
 //
 // Every array starts on a 128-byte boundary, so rows can be moved with 16-byte vectors.
 #pragma once
@@ -20,8 +20,8 @@ namespace epx::core {
 enum HtFlag : int {
   kDispatchNotify = 0,  // source s wrote its counts to me (or, cached, is ready to send)
   kDispatchDone,        // source s finished writing its rows to me
-  kCombineReady,        // home s's landing area is free for this combine
-  kCombineDone,         // expert side s finished pushing its rows to me
+  kCombineReady,        // rank s's combine input is complete for this combine
+  kCombineDone,         // home rank s finished reading my combine input
   kHtFlagKinds
 };
 
@@ -36,17 +36,17 @@ struct HtAreas {
 
   // Offsets in the symmetric allocation.
   std::size_t notify_counts = 0;  // int32 [R source][R + 1]: source's tokens per destination rank, then its status
-  std::size_t notify_expert_counts = 0;  // int32 [R source][E_local]: source's tokens per local expert
-  std::size_t flags = 0;                 // uint64 [kHtFlagKinds][R source]
-  std::size_t sequence = 0;              // uint64 [kHtFlagKinds]: this rank's call numbers (owner only;
-                                         // kept on the device so that replayed CUDA graphs advance them)
-  std::size_t recv_x = 0;                // [recv_rows][x_row_bytes]
-  std::size_t recv_scales = 0;           // float [recv_rows][H/128]
-  std::size_t recv_src_idx = 0;          // int32 [recv_rows]
-  std::size_t recv_topk_idx = 0;         // int64 or int32 [recv_rows][K_max] (8 bytes reserved)
-  std::size_t recv_topk_weights = 0;     // float [recv_rows][K_max]
-  std::size_t combine_y = 0;             // bf16 [T_max][R][H]
-  std::size_t combine_weights = 0;       // float [T_max][R][K_max]
+  std::size_t notify_expert_counts = 0;   // int32 [R source][E_local]: source's tokens per local expert
+  std::size_t flags = 0;                  // uint64 [kHtFlagKinds][R source]
+  std::size_t sequence = 0;               // uint64 [kHtFlagKinds]: this rank's call numbers (owner only;
+                                          // kept on the device so that replayed CUDA graphs advance them)
+  std::size_t recv_x = 0;                 // [recv_rows][x_row_bytes]
+  std::size_t recv_scales = 0;            // float [recv_rows][H/128]
+  std::size_t recv_src_idx = 0;           // int32 [recv_rows]
+  std::size_t recv_topk_idx = 0;          // int64 or int32 [recv_rows][K_max] (8 bytes reserved)
+  std::size_t recv_topk_weights = 0;      // float [recv_rows][K_max]
+  std::size_t combine_input = 0;          // bf16 [recv_rows][H]: combine's y, read by the home ranks
+  std::size_t combine_input_weights = 0;  // float [recv_rows][K_max]: combine's weights
   std::size_t total = 0;
 
   int experts_per_rank() const { return num_experts / num_ranks; }

@@ -14,7 +14,7 @@ struct BufferView {
   transport::SymmetricView base;  // base.base[r]: rank r's HtBuffer allocation
   uint64_t notify_counts, notify_expert_counts, flags, sequence;
   uint64_t recv_x, recv_scales, recv_src_idx, recv_topk_idx, recv_topk_weights;
-  uint64_t combine_y, combine_weights;
+  uint64_t combine_input, combine_input_weights;
   int32_t max_tokens, hidden, max_topk, num_experts;
 
   template <typename T>

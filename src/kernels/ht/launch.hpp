@@ -49,18 +49,15 @@ void launch_dispatch_send(const SendArgs& args, int num_blocks, cudaStream_t str
 struct CombineArgs {
   BufferView buffer;
   HandleView handle;
-  const uint16_t* y;  // [rows][H] bf16
-  int64_t y_row_stride;
-  const float* weights;  // [rows][K] or null
-  int64_t weights_row_stride;
   const uint16_t* bias;  // [T][H] or null
   int64_t bias_row_stride;
   uint16_t* out;       // [T][H]
-  float* out_weights;  // [T][K] or null
+  float* out_weights;  // [T][K] or null (then no weights are read)
   int32_t num_tokens, topk, hidden;
   uint32_t* blocks_done;
 };
-// Pushes each received row's y back to its home rank, then the home ranks reduce.
+// Every home rank pulls its tokens' rows from the ranks' combine inputs (which hold y and the
+// weights, row for received row) and reduces them.
 void launch_combine(const CombineArgs& args, int num_blocks, cudaStream_t stream);
 
 }  // namespace epx::kernels::ht

@@ -31,9 +31,9 @@ __device__ void record_error(InputError* error, int t, int k, int64_t value) {
   __threadfence_system();
 }
 
-__global__ void __launch_bounds__(kThreads) layout_kernel(const void* topk, bool is_int64, int64_t row_stride,
-                                                          int num_tokens, int topk_n, int num_ranks, int num_experts,
-                                                          LayoutOutputs out) {
+__global__ void __launch_bounds__(kThreads)
+    layout_kernel(const void* topk, bool is_int64, int64_t row_stride, int num_tokens, int topk_n, int num_ranks,
+                  int num_experts, LayoutOutputs out) {
   const int experts_per_rank = num_experts / num_ranks;
   if (blockIdx.x < num_ranks) {
     using Scan = cub::BlockScan<int, kThreads>;
