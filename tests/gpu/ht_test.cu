@@ -74,10 +74,22 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   const HtCombineResult out = buffer.combine(combine, on);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   team.check_device_errors();
-  const std::vector<int32_t> identity;
-  expect_rows_equal("combined x", rank, download<uint16_t>(out.x), x.combine[rank].x.data, c.T, c.H, identity);
-  expect_rows_equal("combined weights", rank, download<float>(out.topk_weights), x.combine[rank].topk_weights.data, c.T,
-                    c.K, identity);
+  check_combine(c, rank, out, x.combine[rank]);
+
+  // 5. Combine again with y and the weights written straight into the buffer's combine input.
+  poison(out.x, stream);
+  const TensorRef in_place = buffer.combine_input(N, c.H);
+  const TensorRef in_place_weights = buffer.combine_input_weights(N, c.K);
+  ASSERT_EQ(cudaMemcpyAsync(in_place.data, d_y->data, std::size_t(N) * c.H * 2, cudaMemcpyDeviceToDevice, stream),
+            cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpyAsync(in_place_weights.data, d_yw->data, std::size_t(N) * c.K * 4, cudaMemcpyDeviceToDevice, stream),
+      cudaSuccess);
+  combine.y = in_place;
+  combine.topk_weights = in_place_weights;
+  const HtCombineResult zero_copy = buffer.combine(combine, on);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  check_combine(c, rank, zero_copy, x.combine[rank]);
 }
 
 class HtExchange : public ::testing::TestWithParam<HtCase> {};
