@@ -21,6 +21,8 @@ const char* phase_name(WaitPhase phase) {
       return "HT combine handshake";
     case WaitPhase::ht_combine_done:
       return "HT combine rows";
+    case WaitPhase::ht_bulk_load:
+      return "HT bulk row load";
   }
   return "unknown phase";
 }

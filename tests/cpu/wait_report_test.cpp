@@ -30,8 +30,9 @@ TEST(WaitReport, AnIncompleteReportSaysSo) {
 }
 
 TEST(WaitReport, EveryPhaseHasAName) {
-  for (WaitPhase phase : {WaitPhase::none, WaitPhase::barrier, WaitPhase::test_signal, WaitPhase::ht_notify,
-                          WaitPhase::ht_dispatch_done, WaitPhase::ht_combine_ready, WaitPhase::ht_combine_done}) {
+  for (WaitPhase phase :
+       {WaitPhase::none, WaitPhase::barrier, WaitPhase::test_signal, WaitPhase::ht_notify, WaitPhase::ht_dispatch_done,
+        WaitPhase::ht_combine_ready, WaitPhase::ht_combine_done, WaitPhase::ht_bulk_load}) {
     EXPECT_STRNE(phase_name(phase), "unknown phase");
   }
 }

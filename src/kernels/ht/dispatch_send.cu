@@ -1,22 +1,27 @@
 // HT dispatch, step 2: every row goes straight to its final place in each receiver's receive area.
 //
-// Work split: warp w of the grid takes tokens w, w + warps, ... . For a token it looks up, per
-// destination rank d, the row (send_begin[d] + send_pos[t][d], or none), then streams the token's row
-// through registers once and stores it to every destination (most tokens go to several ranks, so the
-// row is read from memory once). Lanes also write the row's metadata: src_idx, topk_idx rewritten to
-// d's local expert ids (-1 elsewhere), weights (0 where -1) and, for FP8, the row's scales.
+// Work split: warp w of the grid takes tokens w, w + warps, ... . Its lane 0 drives the bulk copy
+// engine through kStages shared-memory row buffers: it loads token i + 1's row while token i's row is
+// stored to every destination rank d that needs it (row send_begin[d] + send_pos[t][d]): one read of
+// x per token, one bulk store per destination, no registers spent on payload. The other lanes write
+// the row's metadata with plain stores: src_idx, topk_idx rewritten to d's local expert ids (-1
+// elsewhere), weights (0 where -1) and, for FP8, the row's scales.
 //
 // Protocol:
 //   * Before this kernel, notify made sure every destination is in this dispatch (so its receive area
 //     is free) and computed the rows.
-//   * Each CTA: its stores; __syncthreads; thread 0: system fence, then one add to `blocks_done` (a
-//     private counter). The CTA that brings it to gridDim.x is the last: it resets the counter and,
-//     after another system fence, adds 1 to flag[kDispatchDone][me] on every rank d (release). The
-//     fences chain every CTA's stores before those releases.
+//   * Each warp's lane 0 waits until its bulk stores are performed (bulk_wait_all), then each CTA:
+//     __syncthreads; thread 0: system fence, one add to `blocks_done` (a private counter). The CTA that
+//     brings it to gridDim.x is the last: it resets the counter and, after another system fence, adds
+//     1 to flag[kDispatchDone][me] on every rank d (release). The fences chain every CTA's stores
+//     before those releases.
 //   * The last CTA then waits (acquire) until its own flag[kDispatchDone][s] >= seq for every source s:
 //     when the kernel ends, every row of this dispatch has arrived here. Unless cached, it copies the
 //     rows' src_idx into the handle (combine needs them after later dispatches reuse the receive area).
+#include <algorithm>
+
 #include "core/cuda_check.hpp"
+#include "kernels/common/bulk_copy.cuh"
 #include "kernels/ht/copy.cuh"
 #include "kernels/ht/launch.hpp"
 #include "transport/device/wait.cuh"
@@ -24,8 +29,9 @@
 namespace epx::kernels::ht {
 namespace {
 
-constexpr int kThreads = 1024;  // 32 warps: more rows in flight per SM (the send is latency-bound)
-constexpr int kWarpsPerCta = kThreads / kWarp;
+constexpr int kStages = 3;                        // row buffers per warp: one loading, one or two being stored
+constexpr int kMaxWarps = 16;                     // per CTA; fewer when rows are large (shared memory)
+constexpr std::size_t kStageBudget = 200 * 1024;  // shared memory for row buffers per CTA
 constexpr int kMaxRanks = kMaxNvlinkRanks;
 
 __device__ int64_t load_topk(const TokensView& in, int t, int k) {
@@ -33,75 +39,78 @@ __device__ int64_t load_topk(const TokensView& in, int t, int k) {
                        : static_cast<const int32_t*>(in.topk_idx)[t * in.topk_row_stride + k];
 }
 
-// Streams `bytes` from src to the destinations whose row (in `rows`) is >= 0.
-__device__ void copy_to_destinations(const uint8_t* src, int bytes, const BufferView& b, const int32_t* rows,
-                                     int row_bytes, int lane) {
-  const int R = b.team.nranks;
-  const int4* s = reinterpret_cast<const int4*>(src);
-  const int n = bytes / 16;
-  for (int base = 0; base < n; base += kWarp * kCopyUnroll) {
-    int4 v[kCopyUnroll];
-#pragma unroll
-    for (int u = 0; u < kCopyUnroll; ++u) {
-      const int i = base + u * kWarp + lane;
-      if (i < n) v[u] = load_stream(s + i);
-    }
-    for (int d = 0; d < R; ++d) {
-      if (rows[d] < 0) continue;
-      int4* dst = reinterpret_cast<int4*>(b.at<uint8_t>(d, b.recv_x) + int64_t(rows[d]) * row_bytes);
-#pragma unroll
-      for (int u = 0; u < kCopyUnroll; ++u) {
-        const int i = base + u * kWarp + lane;
-        if (i < n) dst[i] = v[u];
-      }
-    }
-  }
-}
-
-__global__ void __launch_bounds__(kThreads) dispatch_send_kernel(SendArgs a) {
+__global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArgs a) {
   const BufferView& b = a.buffer;
   const TokensView& in = a.tokens;
   const int R = b.team.nranks, me = b.team.rank, E_local = b.experts_per_rank();
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int row_bytes = in.x_row_bytes;  // received rows are dense: [N][H] of x's dtype
   const int scale_cols = in.hidden / 128;
-  __shared__ int32_t rows_of[kWarpsPerCta][kMaxRanks];
+  extern __shared__ __align__(128) uint8_t stage_memory[];  // [warps][kStages][row_bytes]
+  __shared__ uint64_t loaded[kMaxWarps][kStages];           // mbarriers: a stage's row has arrived
+  __shared__ int32_t rows_of[kMaxWarps][kMaxRanks];
+  uint8_t* stages = stage_memory + std::size_t(warp) * kStages * row_bytes;
   int32_t* rows = rows_of[warp];
-
-  if (*a.handle.status == 0) {
-    for (int t = blockIdx.x * kWarpsPerCta + warp; t < in.num_tokens; t += gridDim.x * kWarpsPerCta) {
-      for (int d = lane; d < R; d += kWarp) {
-        const int32_t pos = a.handle.send_pos[t * R + d];
-        rows[d] = pos < 0 ? -1 : a.handle.send_begin[d] + pos;
-      }
-      __syncwarp();
-      copy_to_destinations(in.x + t * in.x_row_bytes_stride, in.x_row_bytes, b, rows, row_bytes, lane);
-      for (int d = 0; d < R; ++d) {
-        const int32_t row = rows[d];
-        if (row < 0) continue;
-        if (lane == 0) b.at<int32_t>(d, b.recv_src_idx)[row] = t;
-        if (lane < in.topk) {
-          const int64_t e = load_topk(in, t, lane);
-          const bool here = e >= 0 && e / E_local == d;
-          const int64_t local = here ? e - int64_t(d) * E_local : -1;
-          if (in.topk_int64) {
-            b.at<int64_t>(d, b.recv_topk_idx)[int64_t(row) * in.topk + lane] = local;
-          } else {
-            b.at<int32_t>(d, b.recv_topk_idx)[int64_t(row) * in.topk + lane] = int32_t(local);
-          }
-          const float w = in.weights != nullptr ? in.weights[t * in.weights_row_stride + lane] : 0.0f;
-          b.at<float>(d, b.recv_topk_weights)[int64_t(row) * in.topk + lane] = here ? w : 0.0f;
-        }
-        if (in.scales != nullptr) {
-          float* dst = b.at<float>(d, b.recv_scales) + int64_t(row) * scale_cols;
-          for (int j = lane; j < scale_cols; j += kWarp) {
-            dst[j] = in.scales[t * in.scale_row_stride + j * in.scale_col_stride];
-          }
-        }
-      }
-      __syncwarp();  // rows[] is rewritten for the next token
-    }
+  if (lane == 0) {
+    for (int s = 0; s < kStages; ++s) mbarrier_init(&loaded[warp][s], 1);
   }
+  __syncwarp();
+
+  const int first = blockIdx.x * warps + warp, stride = gridDim.x * warps;
+  const int count = first < in.num_tokens ? (in.num_tokens - first + stride - 1) / stride : 0;
+  const auto row_of = [&](int i) { return in.x + int64_t(first + i * stride) * in.x_row_bytes_stride; };
+  bool ok = *a.handle.status == 0;
+  if (ok && lane == 0 && count > 0) bulk_load(stages, row_of(0), row_bytes, &loaded[warp][0]);
+  for (int i = 0; ok && i < count; ++i) {
+    const int t = first + i * stride, s = i % kStages;
+    for (int d = lane; d < R; d += kWarp) {
+      const int32_t pos = a.handle.send_pos[t * R + d];
+      rows[d] = pos < 0 ? -1 : a.handle.send_begin[d] + pos;
+    }
+    __syncwarp();
+    if (lane == 0) {
+      if (i + 1 < count) {  // the stage of token i + 1 last held token i + 1 - kStages: its stores must have read it
+        const int next = (i + 1) % kStages;
+        bulk_wait_read<kStages - 2>();
+        bulk_load(stages + next * row_bytes, row_of(i + 1), row_bytes, &loaded[warp][next]);
+      }
+      ok = mbarrier_wait(b.team, &loaded[warp][s], (i / kStages) & 1,
+                         transport::WaitSite{transport::WaitPhase::ht_bulk_load, me, uint32_t(t)});
+      if (ok) {
+        for (int d = 0; d < R; ++d) {
+          if (rows[d] >= 0)
+            bulk_store(b.at<uint8_t>(d, b.recv_x) + int64_t(rows[d]) * row_bytes, stages + s * row_bytes, row_bytes);
+        }
+        bulk_commit();
+      }
+    }
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    for (int d = 0; d < R; ++d) {
+      const int32_t row = rows[d];
+      if (row < 0) continue;
+      if (lane == 0) b.at<int32_t>(d, b.recv_src_idx)[row] = t;
+      if (lane < in.topk) {
+        const int64_t e = load_topk(in, t, lane);
+        const bool here = e >= 0 && e / E_local == d;
+        const int64_t local = here ? e - int64_t(d) * E_local : -1;
+        if (in.topk_int64) {
+          b.at<int64_t>(d, b.recv_topk_idx)[int64_t(row) * in.topk + lane] = local;
+        } else {
+          b.at<int32_t>(d, b.recv_topk_idx)[int64_t(row) * in.topk + lane] = int32_t(local);
+        }
+        const float w = in.weights != nullptr ? in.weights[t * in.weights_row_stride + lane] : 0.0f;
+        b.at<float>(d, b.recv_topk_weights)[int64_t(row) * in.topk + lane] = here ? w : 0.0f;
+      }
+      if (in.scales != nullptr) {
+        float* dst = b.at<float>(d, b.recv_scales) + int64_t(row) * scale_cols;
+        for (int j = lane; j < scale_cols; j += kWarp) {
+          dst[j] = in.scales[t * in.scale_row_stride + j * in.scale_col_stride];
+        }
+      }
+    }
+    __syncwarp();  // rows[] is rewritten for the next token
+  }
+  if (lane == 0) bulk_wait_all();
 
   __shared__ bool last;
   __shared__ uint64_t seq;
@@ -118,12 +127,12 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(SendArgs a) {
   }
   __syncthreads();
   if (!last) return;
-  bool ok = true;
+  bool arrived = true;
   for (int s = threadIdx.x; s < R; s += blockDim.x) {
-    ok = ok && transport::wait_at_least(b.team, b.flag(me, core::kDispatchDone, s), seq,
-                                        transport::WaitSite{transport::WaitPhase::ht_dispatch_done, s, 0});
+    arrived = arrived && transport::wait_at_least(b.team, b.flag(me, core::kDispatchDone, s), seq,
+                                                  transport::WaitSite{transport::WaitPhase::ht_dispatch_done, s, 0});
   }
-  if (!__syncthreads_and(ok) || !a.copy_src_idx) return;
+  if (!__syncthreads_and(arrived) || !a.copy_src_idx) return;
   const int32_t num_recv = a.handle.recv_begin[R];
   const int32_t* src_idx = b.at<int32_t>(me, b.recv_src_idx);
   for (int i = threadIdx.x; i < num_recv; i += blockDim.x) a.handle.recv_src_idx[i] = src_idx[i];
@@ -132,7 +141,12 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(SendArgs a) {
 }  // namespace
 
 void launch_dispatch_send(const SendArgs& args, int num_blocks, cudaStream_t stream) {
-  dispatch_send_kernel<<<num_blocks, kThreads, 0, stream>>>(args);
+  static const cudaError_t raised =
+      cudaFuncSetAttribute(dispatch_send_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStageBudget));
+  detail::check_cuda(raised, "cudaFuncSetAttribute(dispatch_send_kernel)");
+  const std::size_t per_warp = std::size_t(kStages) * args.tokens.x_row_bytes;
+  const int warps = int(std::max<std::size_t>(1, std::min<std::size_t>(kMaxWarps, kStageBudget / per_warp)));
+  dispatch_send_kernel<<<num_blocks, warps * kWarp, warps * per_warp, stream>>>(args);
   detail::check_launch("ht dispatch_send_kernel");
 }
 

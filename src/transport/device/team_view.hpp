@@ -27,6 +27,7 @@ enum class WaitPhase : uint32_t {
   ht_dispatch_done,  // HT dispatch: waiting for a source's rows
   ht_combine_ready,  // HT combine: waiting for a home rank to free its landing area
   ht_combine_done,   // HT combine: waiting for an expert side's rows
+  ht_bulk_load,      // HT dispatch: waiting for the copy engine to load a row (detail: token)
 };
 
 // The record of the first wait of a team that expired. Lives in host-mapped memory, so the host can
