@@ -1,7 +1,8 @@
 // Hopper's bulk copy engine (TMA, non-tensor form): one thread moves a whole row between global and
 // shared memory, so a few warps keep many bytes in flight without spending registers on them.
 //
-//   load:  global -> shared, completes on an mbarrier (the waiter asks for the barrier's phase parity).
+//   load:  global -> shared, completes on an mbarrier (the waiter asks for the barrier's phase parity);
+//          one mbarrier_expect_bytes per phase announces the bytes of all loads of that phase.
 //   store: shared -> global (local or a peer's NVLink address), tracked in bulk groups: wait_read<N>
 //          until at most N committed groups still read shared memory (then it may be rewritten);
 //          wait_all() until every committed store has been performed.
@@ -24,10 +25,14 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the copy engine sees the initialised barrier
 }
 
-// Arms `bar` for `bytes` of incoming copies and starts the load.
-__device__ __forceinline__ void bulk_load(void* smem_dst, const void* global_src, uint32_t bytes, uint64_t* bar) {
+// Arrives on `bar` (initialised with count 1) announcing `bytes` of loads that will complete on it.
+__device__ __forceinline__ void mbarrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes)
                : "memory");
+}
+
+// Starts a load that completes on `bar` (announced there with mbarrier_expect_bytes).
+__device__ __forceinline__ void bulk_load(void* smem_dst, const void* global_src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    smem_address(smem_dst)),
                "l"(global_src), "r"(bytes), "r"(smem_address(bar))
@@ -65,6 +70,10 @@ __device__ __forceinline__ void bulk_store(void* global_dst, const void* smem_sr
                "r"(smem_address(smem_src)), "r"(bytes)
                : "memory");
 }
+
+// Orders this thread's (and, after a barrier, its CTA's) ordinary shared-memory accesses before the
+// copy engine's next accesses to the same memory.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 

@@ -60,7 +60,10 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
   const int count = first < in.num_tokens ? (in.num_tokens - first + stride - 1) / stride : 0;
   const auto row_of = [&](int i) { return in.x + int64_t(first + i * stride) * in.x_row_bytes_stride; };
   bool ok = *a.handle.status == 0;
-  if (ok && lane == 0 && count > 0) bulk_load(stages, row_of(0), row_bytes, &loaded[warp][0]);
+  if (ok && lane == 0 && count > 0) {
+    mbarrier_expect_bytes(&loaded[warp][0], row_bytes);
+    bulk_load(stages, row_of(0), row_bytes, &loaded[warp][0]);
+  }
   for (int i = 0; ok && i < count; ++i) {
     const int t = first + i * stride, s = i % kStages;
     for (int d = lane; d < R; d += kWarp) {
@@ -72,6 +75,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
       if (i + 1 < count) {  // the stage of token i + 1 last held token i + 1 - kStages: its stores must have read it
         const int next = (i + 1) % kStages;
         bulk_wait_read<kStages - 2>();
+        mbarrier_expect_bytes(&loaded[warp][next], row_bytes);
         bulk_load(stages + next * row_bytes, row_of(i + 1), row_bytes, &loaded[warp][next]);
       }
       ok = mbarrier_wait(b.team, &loaded[warp][s], (i / kStages) & 1,
