@@ -33,7 +33,7 @@
 namespace epx::kernels::ht {
 namespace {
 
-constexpr int kWarps = 4;                         // per CTA
+constexpr int kWarps = 8;                         // per CTA
 constexpr int kStages = 3;                        // chunks per warp: two loading while one is reduced
 constexpr std::size_t kStageBudget = 192 * 1024;  // shared memory for stages per CTA
 
