@@ -4,6 +4,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "gpu_test_env.hpp"
@@ -123,6 +125,56 @@ TEST_P(HtModes, WorstCaseCapturedInAGraphAndReplayed) {
   if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
   const auto expected = expected_rounds(GetParam() == 0 ? rank_info().world_size : GetParam(), 3);
   on_ranks(GetParam(), [&](Team& team, cudaStream_t stream) { graph_rounds(expected, team, stream); });
+}
+
+// Bad arguments are refused before anything is launched, with a message naming them; an invalid expert
+// id (found on the device) fails the dispatch on every rank, naming the rank, token and slot.
+void expect_refused(const std::function<void()>& call, const std::string& words) {
+  try {
+    call();
+    ADD_FAILURE() << "accepted; expected an error mentioning '" << words << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
+}
+
+TEST(HtValidation, BadArgumentsAndInvalidExpertIds) {
+  const auto expected = expected_rounds(2, 1);
+  on_single_gpu_team(2, TeamOptions{}, [&](Team& team, cudaStream_t stream) {
+    const int rank = team.rank();
+    RankInputs in = upload_inputs(kCase, expected[0].tokens[rank]);
+    HtBuffer buffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, kCase.E});
+    const HtStreams on{stream};
+    HtDispatchArgs a = in.args;
+    a.x.type = ScalarType::float32;
+    expect_refused([&] { buffer.dispatch(a, on); }, "x must be bf16 or fp8_e4m3");
+    a = in.args;
+    a.x.cols = 100;
+    expect_refused([&] { buffer.dispatch(a, on); }, "multiple of 128");
+    a = in.args;
+    a.topk_idx.rows = a.x.rows = kCase.T + 1;
+    expect_refused([&] { buffer.dispatch(a, on); }, "more than the buffer's max_tokens_per_rank");
+    a = in.args;
+    a.x_scales = a.topk_weights;
+    expect_refused([&] { buffer.dispatch(a, on); }, "x_scales is given but x is bf16");
+    a = in.args;
+    a.num_worst_tokens = 2 * kCase.T + 1;
+    expect_refused([&] { buffer.dispatch(a, on); }, "num_worst_tokens");
+    a = in.args;
+    a.x.data = static_cast<char*>(a.x.data) + 2;
+    expect_refused([&] { buffer.dispatch(a, on); }, "16-byte aligned");
+    EXPECT_THROW(HtBuffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, 63}), Error);  // E % R != 0
+
+    // Rank 1's token 5 names expert E: both ranks' dispatches fail, naming it.
+    if (rank == 1) {
+      const int64_t bad = kCase.E;
+      ASSERT_EQ(cudaMemcpy(static_cast<int64_t*>(in.args.topk_idx.data) + 5 * kCase.K + 2, &bad, sizeof(bad),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    expect_refused([&] { buffer.dispatch(in.args, on); }, rank == 1 ? "topk_idx[5][2] = 256" : "rank 1 passed");
+  });
 }
 
 // 0: one process per GPU; 4: four ranks on one GPU.
