@@ -10,8 +10,6 @@
 //    wins) and ignored; the notify kernel turns it into a failed call on every rank.
 #include <cub/block/block_scan.cuh>
 
-#include <algorithm>
-
 #include "core/cuda_check.hpp"
 #include "kernels/ht/launch.hpp"
 
@@ -19,10 +17,6 @@ namespace epx::kernels::ht {
 namespace {
 
 constexpr int kThreads = 1024;
-constexpr int kMaxTopk = 32;
-// A rank CTA's tile of ids (int32, K <= 32) or a histogram CTA's counts (E <= kMaxLayoutExperts).
-constexpr std::size_t kMaxSharedBytes =
-    std::max(sizeof(int32_t) * kThreads * kMaxTopk, sizeof(int) * kMaxLayoutExperts);
 
 __device__ int64_t topk_at(const void* topk, bool is_int64, int64_t row_stride, int t, int k) {
   return is_int64 ? static_cast<const int64_t*>(topk)[t * row_stride + k]
@@ -44,24 +38,15 @@ __global__ void __launch_bounds__(kThreads)
   if (blockIdx.x < num_ranks) {
     using Scan = cub::BlockScan<int, kThreads>;
     __shared__ typename Scan::TempStorage scan_storage;
-    extern __shared__ int32_t tile_ids[];  // [kThreads][K] of the current tile
     const int r = blockIdx.x;
     const int64_t first = int64_t(r) * experts_per_rank, last = first + experts_per_rank;
     int total = 0;
     for (int tile = 0; tile < num_tokens; tile += kThreads) {
-      // The tile's ids, read coalesced into shared memory. An invalid id becomes -1 here (the
-      // histogram CTAs report it, and the dispatch then sends nothing).
-      const int tile_tokens = min(kThreads, num_tokens - tile);
-      for (int i = threadIdx.x; i < tile_tokens * topk_n; i += kThreads) {
-        const int64_t e = topk_at(topk, is_int64, row_stride, tile + i / topk_n, i % topk_n);
-        tile_ids[i] = e >= 0 && e < num_experts ? int32_t(e) : -1;
-      }
-      __syncthreads();
       const int t = tile + threadIdx.x;
       int in_rank = 0;
       if (t < num_tokens) {
         for (int k = 0; k < topk_n; ++k) {
-          const int64_t e = tile_ids[threadIdx.x * topk_n + k];
+          const int64_t e = topk_at(topk, is_int64, row_stride, t, k);
           in_rank |= e >= first && e < last;
         }
       }
@@ -77,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) out.rank_counts[r] = total;
     return;
   }
-  extern __shared__ int counts[];  // [num_experts] (the same dynamic shared memory as tile_ids)
+  extern __shared__ int counts[];  // [num_experts]
   for (int e = threadIdx.x; e < num_experts; e += kThreads) counts[e] = 0;
   __syncthreads();
   const int t = (blockIdx.x - num_ranks) * kThreads + threadIdx.x;
@@ -102,12 +87,9 @@ __global__ void __launch_bounds__(kThreads)
 void launch_layout(const void* topk_idx, bool topk_int64, int64_t topk_row_stride, int num_tokens, int topk,
                    int num_ranks, int num_experts, const LayoutOutputs& out, cudaStream_t stream) {
   const int blocks = num_ranks + (num_tokens + kThreads - 1) / kThreads;
-  const std::size_t shared_bytes = std::max(sizeof(int) * num_experts, sizeof(int32_t) * kThreads * topk);
-  static const cudaError_t raised =
-      cudaFuncSetAttribute(layout_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSharedBytes));
-  detail::check_cuda(raised, "cudaFuncSetAttribute(layout_kernel)");
-  layout_kernel<<<blocks, kThreads, shared_bytes, stream>>>(topk_idx, topk_int64, topk_row_stride, num_tokens, topk,
-                                                            num_ranks, num_experts, out);
+  const std::size_t histogram_bytes = sizeof(int) * num_experts;
+  layout_kernel<<<blocks, kThreads, histogram_bytes, stream>>>(topk_idx, topk_int64, topk_row_stride, num_tokens, topk,
+                                                               num_ranks, num_experts, out);
   detail::check_launch("ht layout_kernel");
 }
 
