@@ -26,7 +26,8 @@ namespace {
 
 constexpr int kThreads = 1024;  // 32 warps: many remote loads in flight per SM
 constexpr int kWarpsPerCta = kThreads / kWarp;
-constexpr int kUnroll = 2;  // vectors per lane loaded per rank before they are added (64 registers)
+constexpr int kUnroll = 2;         // vectors per lane and rank loaded before they are added
+constexpr int kRanksInFlight = 2;  // ranks whose loads are in flight together (64 registers)
 constexpr int kMaxRanks = kMaxNvlinkRanks;
 
 __device__ bool wait_all(const BufferView& b, int kind, uint64_t seq, transport::WaitPhase phase) {
@@ -72,19 +73,30 @@ __global__ void __launch_bounds__(kThreads) combine_pull_kernel(CombineArgs a) {
     __syncwarp();
     for (int base = 0; base < vectors; base += kWarp * kUnroll) {
       float acc[kUnroll][8] = {};
-      for (int r = 0; r < R; ++r) {
-        if (rows[r] < 0) continue;
-        const int4* row =
-            reinterpret_cast<const int4*>(b.at<uint8_t>(r, b.combine_input) + int64_t(rows[r]) * row_bytes);
-        int4 v[kUnroll];
+      // Ranks in groups of kRanksInFlight: every load of a group is issued before the first is added
+      // (a local row and a remote one wait together), then they are added in ascending rank order.
+      for (int group = 0; group < R; group += kRanksInFlight) {
+        int4 v[kRanksInFlight][kUnroll];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int j = base + u * kWarp + lane;
-          if (j < vectors) v[u] = load_any(row + j);
+        for (int g = 0; g < kRanksInFlight; ++g) {
+          const int r = group + g;
+          if (r >= R || rows[r] < 0) continue;
+          const int4* row =
+              reinterpret_cast<const int4*>(b.at<uint8_t>(r, b.combine_input) + int64_t(rows[r]) * row_bytes);
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            const int j = base + u * kWarp + lane;
+            if (j < vectors) v[g][u] = load_any(row + j);
+          }
         }
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (base + u * kWarp + lane < vectors) accumulate(acc[u], v[u]);
+        for (int g = 0; g < kRanksInFlight; ++g) {
+          const int r = group + g;
+          if (r >= R || rows[r] < 0) continue;
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            if (base + u * kWarp + lane < vectors) accumulate(acc[u], v[g][u]);
+          }
         }
       }
 #pragma unroll
