@@ -48,7 +48,8 @@ tests_rc=${PIPESTATUS[0]}
 tests_s=$(( $(date +%s) - start ))
 
 echo "== bench"
-"$build/bench/epx-bench" --json "$out/bench.json" ${kind:+--device-kind "$kind"} --commit "$commit" 2>&1 | tee "$out/bench.log"
+"$build/bench/epx-bench" --ht-tune --json "$out/bench.json" ${kind:+--device-kind "$kind"} --commit "$commit" 2>&1 |
+  tee "$out/bench.log"
 bench_rc=${PIPESTATUS[0]}
 
 passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/gpu-tests.log" | grep -oE '[0-9]+$' | tail -1)

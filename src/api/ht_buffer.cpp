@@ -20,9 +20,13 @@ using detail::check_cuda;
 using detail::require;
 namespace kh = kernels::ht;
 
-HtConfig default_ht_config(int num_ranks) {
+// 16 CTAs for every rank count: the SM budget, and the fastest BF16 dispatch of the num_sms sweep
+// on nvidia-h200-x2 (bench/results/nvidia-h200-x2-2026-11-22-7569bee.json, "ht_tuning": 8..32 SMs
+// gave 383, 281, 233, 259, 257, 244 us). Combine keeps getting faster with more SMs (268 us at 16,
+// 195 at 32): callers that can spare SMs raise it with set_config. EP=4 and EP=8 are not measured yet.
+HtConfig default_ht_config(int /*num_ranks*/) {
   HtConfig config;
-  config.num_sms = num_ranks <= 2 ? 16 : 24;  // first guesses; replaced by bench/results tuning
+  config.num_sms = 16;
   return config;
 }
 
