@@ -19,6 +19,7 @@
 #include "core/cuda_check.hpp"
 #include "kernels/ht/copy.cuh"
 #include "kernels/ht/launch.hpp"
+#include "kernels/ht/protocol.cuh"
 #include "transport/device/wait.cuh"
 
 namespace epx::kernels::ht {
@@ -29,14 +30,6 @@ constexpr int kWarpsPerCta = kThreads / kWarp;
 constexpr int kUnroll = 2;         // vectors per lane and rank loaded before they are added
 constexpr int kRanksInFlight = 2;  // ranks whose loads are in flight together (64 registers)
 constexpr int kMaxRanks = kMaxNvlinkRanks;
-
-__device__ bool wait_all(const BufferView& b, int kind, uint64_t seq, transport::WaitPhase phase) {
-  bool ok = true;
-  for (int r = threadIdx.x; r < b.team.nranks; r += blockDim.x) {
-    ok = ok && transport::wait_at_least(b.team, b.flag(b.team.rank, kind, r), seq, transport::WaitSite{phase, r, 0});
-  }
-  return __syncthreads_and(ok);
-}
 
 __device__ void accumulate(float (&acc)[8], const int4& v) {
   const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -59,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) combine_pull_kernel(CombineArgs a) {
   if (blockIdx.x == 0) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) transport::add_release_sys(b.flag(r, core::kCombineReady, me), 1);
   }
-  const bool ready = wait_all(b, core::kCombineReady, seq, transport::WaitPhase::ht_combine_ready);
+  const bool ready = wait_for_every_rank(b, core::kCombineReady, seq, transport::WaitPhase::ht_combine_ready);
 
   __shared__ int32_t rows_of[kWarpsPerCta][kMaxRanks];
   int32_t* rows = rows_of[warp];
@@ -123,20 +116,9 @@ __global__ void __launch_bounds__(kThreads) combine_pull_kernel(CombineArgs a) {
     __syncwarp();  // rows[] is rewritten for the next token
   }
 
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    last = atomicAdd(a.blocks_done, 1u) == gridDim.x - 1;
-    if (last) {
-      *a.blocks_done = 0;
-      *sequence = seq;
-      __threadfence_system();
-      for (int r = 0; r < R; ++r) transport::add_release_sys(b.flag(r, core::kCombineDone, me), 1);
-    }
+  if (last_cta_signals(b, core::kCombineDone, a.blocks_done, [&] { *sequence = seq; })) {
+    wait_for_every_rank(b, core::kCombineDone, seq, transport::WaitPhase::ht_combine_done);
   }
-  __syncthreads();
-  if (last) wait_all(b, core::kCombineDone, seq, transport::WaitPhase::ht_combine_done);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/ht/copy.cuh"
 #include "kernels/ht/launch.hpp"
+#include "kernels/ht/protocol.cuh"
 #include "transport/device/wait.cuh"
 
 namespace epx::kernels::ht {
@@ -33,11 +34,6 @@ constexpr int kStages = 3;                        // row buffers per warp: one l
 constexpr int kMaxWarps = 16;                     // per CTA; fewer when rows are large (shared memory)
 constexpr std::size_t kStageBudget = 200 * 1024;  // shared memory for row buffers per CTA
 constexpr int kMaxRanks = kMaxNvlinkRanks;
-
-__device__ int64_t load_topk(const TokensView& in, int t, int k) {
-  return in.topk_int64 ? static_cast<const int64_t*>(in.topk_idx)[t * in.topk_row_stride + k]
-                       : static_cast<const int32_t*>(in.topk_idx)[t * in.topk_row_stride + k];
-}
 
 __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArgs a) {
   const BufferView& b = a.buffer;
@@ -94,7 +90,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
       if (row < 0) continue;
       if (lane == 0) b.at<int32_t>(d, b.recv_src_idx)[row] = t;
       if (lane < in.topk) {
-        const int64_t e = load_topk(in, t, lane);
+        const int64_t e = topk_at(in.topk_idx, in.topk_int64, in.topk_row_stride, t, lane);
         const bool here = e >= 0 && e / E_local == d;
         const int64_t local = here ? e - int64_t(d) * E_local : -1;
         if (in.topk_int64) {
@@ -116,27 +112,11 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
   }
   if (lane == 0) bulk_wait_all();
 
-  __shared__ bool last;
-  __shared__ uint64_t seq;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    last = atomicAdd(a.blocks_done, 1u) == gridDim.x - 1;
-    seq = *(b.at<uint64_t>(me, b.sequence) + core::kDispatchNotify);
-    if (last) {
-      *a.blocks_done = 0;
-      __threadfence_system();
-      for (int d = 0; d < R; ++d) transport::add_release_sys(b.flag(d, core::kDispatchDone, me), 1);
-    }
+  const uint64_t seq = *(b.at<uint64_t>(me, b.sequence) + core::kDispatchNotify);
+  if (!last_cta_signals(b, core::kDispatchDone, a.blocks_done, [] {})) return;
+  if (!wait_for_every_rank(b, core::kDispatchDone, seq, transport::WaitPhase::ht_dispatch_done) || !a.copy_src_idx) {
+    return;
   }
-  __syncthreads();
-  if (!last) return;
-  bool arrived = true;
-  for (int s = threadIdx.x; s < R; s += blockDim.x) {
-    arrived = arrived && transport::wait_at_least(b.team, b.flag(me, core::kDispatchDone, s), seq,
-                                                  transport::WaitSite{transport::WaitPhase::ht_dispatch_done, s, 0});
-  }
-  if (!__syncthreads_and(arrived) || !a.copy_src_idx) return;
   const int32_t num_recv = a.handle.recv_begin[R];
   const int32_t* src_idx = b.at<int32_t>(me, b.recv_src_idx);
   for (int i = threadIdx.x; i < num_recv; i += blockDim.x) a.handle.recv_src_idx[i] = src_idx[i];

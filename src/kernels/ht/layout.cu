@@ -12,16 +12,12 @@
 
 #include "core/cuda_check.hpp"
 #include "kernels/ht/launch.hpp"
+#include "kernels/ht/protocol.cuh"
 
 namespace epx::kernels::ht {
 namespace {
 
 constexpr int kThreads = 1024;
-
-__device__ int64_t topk_at(const void* topk, bool is_int64, int64_t row_stride, int t, int k) {
-  return is_int64 ? static_cast<const int64_t*>(topk)[t * row_stride + k]
-                  : static_cast<const int32_t*>(topk)[t * row_stride + k];
-}
 
 __device__ void record_error(InputError* error, int t, int k, int64_t value) {
   if (error == nullptr || atomicCAS(&error->found, 0, 1) != 0) return;

@@ -18,6 +18,7 @@
 
 #include "core/cuda_check.hpp"
 #include "kernels/ht/launch.hpp"
+#include "kernels/ht/protocol.cuh"
 #include "transport/device/wait.cuh"
 
 namespace epx::kernels::ht {
@@ -102,12 +103,9 @@ __global__ void __launch_bounds__(kThreads) notify_kernel(NotifyArgs a) {
   }
   __syncthreads();  // every write above before the releases below
   for (int d = threadIdx.x; d < R; d += blockDim.x) transport::add_release_sys(b.flag(d, core::kDispatchNotify, me), 1);
-  bool ok = true;
-  for (int s = threadIdx.x; s < R; s += blockDim.x) {
-    ok = ok && transport::wait_at_least(b.team, b.flag(me, core::kDispatchNotify, s), seq,
-                                        transport::WaitSite{transport::WaitPhase::ht_notify, s, 0});
+  if (!wait_for_every_rank(b, core::kDispatchNotify, seq, transport::WaitPhase::ht_notify)) {
+    return;  // the team failed; the host reports it
   }
-  if (!__syncthreads_and(ok)) return;  // the team failed; the host reports it
   if (!a.cached) count_exchange_results(a);
   __syncthreads();
   const int32_t num_recv = a.handle.recv_begin[R];
