@@ -52,6 +52,14 @@ echo "== bench"
   tee "$out/bench.log"
 bench_rc=${PIPESTATUS[0]}
 
+echo "== compute-sanitizer (small shapes)"
+small='Cases/HtExchange.MatchesReference/SingleGpu2_Uniform:Cases/HtExchange.MatchesReference/SingleGpu4_Zipf_Fp8_Int32:Cases/HtExchange.MatchesReference/World_Zipf_Aligned4:TransportTimeout.*'
+for tool in memcheck racecheck; do
+  timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --target-processes all \
+    "$build/tests/epx_gpu_tests" --gtest_filter="$small" >"$out/$tool.log" 2>&1
+  echo "$tool: exit $?; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | sort | uniq -c | tr -s ' ' | paste -sd ';')"
+done | tee "$out/sanitizers.txt"
+
 passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/gpu-tests.log" | grep -oE '[0-9]+$' | tail -1)
 skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$out/gpu-tests.log" | grep -oE '[0-9]+$' | tail -1)
 failed=$(grep -oE '^\[  FAILED  \] [0-9]+' "$out/gpu-tests.log" | grep -oE '[0-9]+$' | tail -1)
@@ -59,4 +67,5 @@ echo
 echo "== summary ($(date -u +%Y-%m-%d), commit $commit, ${kind:-unnamed device})"
 printf '%-28s %s\n' "GPU tests (rank 0)" "passed ${passed:-0}, failed ${failed:-0}, skipped ${skipped:-0}; exit $tests_rc; ${tests_s}s"
 printf '%-28s %s\n' "bench" "exit $bench_rc; $out/bench.json"
+sed 's/^/sanitizer                    /' "$out/sanitizers.txt"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

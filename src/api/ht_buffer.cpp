@@ -318,7 +318,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
     kh::LayoutOutputs outputs;
     outputs.send_pos = handle->view().send_pos;
     outputs.rank_counts = handle->view().rank_counts;
-    outputs.expert_token_counts = handle->view().expert_token_counts;
+    outputs.expert_partials = handle->view().expert_partials;
     outputs.error = handle->view().input_error;
     kh::launch_layout(args.topk_idx.data, args.topk_idx.type == ScalarType::int64, args.topk_idx.row_stride, int(T),
                       int(K), R, im.options.num_experts, outputs, stream);
@@ -331,6 +331,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
                         ticket,
                         args.expert_alignment,
                         args.num_worst_tokens,
+                        int32_t(T),
                         int32_t(K),
                         args.topk_idx.type == ScalarType::int64,
                         handle != fresh.get()};

@@ -23,7 +23,9 @@ std::size_t lay_out(int R, int max_tokens, int E, char* base, kernels::ht::Handl
   v.recv_src_idx = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * std::size_t(R) * max_tokens));
   v.expert_counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * (E / R)));
   v.rank_counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * R));
-  v.expert_token_counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * E));
+  const std::size_t layout_ctas =
+      (std::size_t(max_tokens) + kernels::ht::kLayoutTokensPerCta - 1) / kernels::ht::kLayoutTokensPerCta;
+  v.expert_partials = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * E * layout_ctas));
   v.status = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
   v.input_error = reinterpret_cast<kernels::ht::InputError*>(take(sizeof(kernels::ht::InputError)));
   if (view != nullptr) *view = v;
@@ -48,6 +50,9 @@ HtHandlePool::Block* HtHandlePool::allocate() {
   auto block = std::make_unique<Block>();
   block->bytes = lay_out(num_ranks_, max_tokens_, num_experts_, nullptr, nullptr);
   check_cuda(cudaMalloc(&block->memory, block->bytes), "cudaMalloc(HT handle block)");
+  // Zeroed once: every array is rewritten by each dispatch before it is read, except input_error,
+  // which notify clears after reading it.
+  check_cuda(cudaMemset(block->memory, 0, block->bytes), "cudaMemset(HT handle block)");
   check_cuda(cudaEventCreateWithFlags(&block->last_use, cudaEventDisableTiming), "cudaEventCreate");
   lay_out(num_ranks_, max_tokens_, num_experts_, static_cast<char*>(block->memory), &block->view);
   blocks_.push_back(std::move(block));
@@ -72,7 +77,6 @@ HtHandlePool::Block* HtHandlePool::acquire(cudaStream_t stream) {
   if (capturing == cudaStreamCaptureStatusNone) {
     check_cuda(cudaStreamWaitEvent(stream, block->last_use, 0), "cudaStreamWaitEvent(HT handle block)");
   }
-  check_cuda(cudaMemsetAsync(block->memory, 0, block->bytes, stream), "cudaMemsetAsync(HT handle block)");
   return block;
 }
 

@@ -33,7 +33,7 @@ class HtHandlePool {
   HtHandlePool(const HtHandlePool&) = delete;
   HtHandlePool& operator=(const HtHandlePool&) = delete;
 
-  // A zeroed block for a new dispatch on `stream` (grows the pool when none is free).
+  // A block for a new dispatch on `stream` (grows the pool when none is free).
   Block* acquire(cudaStream_t stream);
   void release(Block* block);
   static void mark_use(Block* block, cudaStream_t stream);

@@ -37,16 +37,19 @@ struct InputError {
 };
 
 // Routing state of one dispatch, kept by its HtHandle (device memory owned by the handle).
+// Tokens each "histogram" CTA of the layout kernel covers (its partial expert counts are one row).
+constexpr int kLayoutTokensPerCta = 1024;
+
 struct HandleView {
-  int32_t* send_pos;             // [T][R]: index of token t among this rank's tokens for rank r, -1 if not sent
-  int32_t* send_begin;           // [R]: first row of this rank's rows on rank r
-  int32_t* recv_begin;           // [R + 1]: rows from source s are [recv_begin[s], recv_begin[s + 1]); [R] = N
-  int32_t* recv_src_idx;         // [R * T_max]: source token of each received row
-  int32_t* expert_counts;        // [E_local]: received rows per local expert, aligned
-  int32_t* rank_counts;          // [R]: this rank's tokens per destination rank (layout)
-  int32_t* expert_token_counts;  // [E]: this rank's tokens per expert (layout)
-  int32_t* status;               // [1]: 0, or 1 + the rank whose input was invalid (then nothing is sent)
-  InputError* input_error;       // [1]: this rank's invalid input found by the layout kernel
+  int32_t* send_pos;         // [T][R]: index of token t among this rank's tokens for rank r, -1 if not sent
+  int32_t* send_begin;       // [R]: first row of this rank's rows on rank r
+  int32_t* recv_begin;       // [R + 1]: rows from source s are [recv_begin[s], recv_begin[s + 1]); [R] = N
+  int32_t* recv_src_idx;     // [R * T_max]: source token of each received row
+  int32_t* expert_counts;    // [E_local]: received rows per local expert, aligned
+  int32_t* rank_counts;      // [R]: this rank's tokens per destination rank (layout)
+  int32_t* expert_partials;  // [ceil(T / kLayoutTokensPerCta)][E]: tokens per expert of each layout CTA's tokens
+  int32_t* status;           // [1]: 0, or 1 + the rank whose input was invalid (then nothing is sent)
+  InputError* input_error;   // [1]: this rank's invalid input found by the layout kernel
 };
 
 // What the kernels tell the host (host-mapped, one per buffer).

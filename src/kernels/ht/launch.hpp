@@ -11,13 +11,15 @@ namespace epx::kernels::ht {
 struct LayoutOutputs {
   int32_t* send_pos = nullptr;             // [T][R] or null
   int32_t* rank_counts = nullptr;          // [R]
-  int32_t* expert_token_counts = nullptr;  // [E]
+  int32_t* expert_token_counts = nullptr;  // [E] totals, accumulated (zero on entry), or
+  int32_t* expert_partials = nullptr;      // [ceil(T / kLayoutTokensPerCta)][E], one row per CTA
   bool* is_token_in_rank = nullptr;        // [T][R] or null
   InputError* error = nullptr;             // first invalid expert id, or null
 };
 
 // Counts tokens per rank and per expert, and each token's position among the tokens for each rank.
-// expert_token_counts must be zero on entry (it is accumulated); num_experts <= kMaxLayoutExperts.
+// Expert counts go either to expert_token_counts (zero on entry, accumulated with atomics) or, with
+// no zeroing needed, as per-CTA rows to expert_partials. num_experts <= kMaxLayoutExperts.
 constexpr int kMaxLayoutExperts = 8192;  // the histogram lives in shared memory (32 KiB)
 void launch_layout(const void* topk_idx, bool topk_int64, int64_t topk_row_stride, int num_tokens, int topk,
                    int num_ranks, int num_experts, const LayoutOutputs& out, cudaStream_t stream);
@@ -29,6 +31,7 @@ struct NotifyArgs {
   uint32_t ticket;       // written to mailbox->ready when done
   int32_t expert_alignment;
   int64_t num_worst_tokens;  // > 0: fill padding rows [N, num_worst_tokens)
+  int32_t num_tokens;        // T (the layout kernel's CTAs: ceil(T / kLayoutTokensPerCta))
   int32_t topk;
   bool topk_int64;
   bool cached;  // only the handshake: counts come from the handle

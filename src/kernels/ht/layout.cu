@@ -5,9 +5,9 @@
 //    there. A block-wide exclusive scan gives its position among the tokens for r (send_pos), the
 //    running total gives rank_counts[r].
 //  * Histogram CTA h counts, for its kThreads tokens, the tokens naming each expert (a token naming an
-//    expert twice counts once) in shared memory, then adds them to expert_token_counts, which the
-//    caller has zeroed. It also checks the ids: one outside [-1, E) is recorded in `error` (first one
-//    wins) and ignored; the notify kernel turns it into a failed call on every rank.
+//    expert twice counts once) in shared memory, then writes them as its row of expert_partials, or
+//    adds them to expert_token_counts, which the caller has zeroed. It also checks the ids: one outside [-1, E) is
+//    recorded in `error` (first one wins) and ignored; the notify kernel turns it into a failed call on every rank.
 #include <cub/block/block_scan.cuh>
 
 #include "core/cuda_check.hpp"
@@ -17,7 +17,7 @@
 namespace epx::kernels::ht {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = kLayoutTokensPerCta;  // one token per thread in the histogram CTAs
 
 __device__ void record_error(InputError* error, int t, int k, int64_t value) {
   if (error == nullptr || atomicCAS(&error->found, 0, 1) != 0) return;
@@ -74,7 +74,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   for (int e = threadIdx.x; e < num_experts; e += kThreads) {
-    if (counts[e] != 0) atomicAdd(&out.expert_token_counts[e], counts[e]);
+    if (out.expert_partials != nullptr) {
+      out.expert_partials[int64_t(blockIdx.x - num_ranks) * num_experts + e] = counts[e];
+    } else if (counts[e] != 0) {
+      atomicAdd(&out.expert_token_counts[e], counts[e]);
+    }
   }
 }
 

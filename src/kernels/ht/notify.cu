@@ -87,18 +87,24 @@ __global__ void __launch_bounds__(kThreads) notify_kernel(NotifyArgs a) {
     seq = *sequence + 1;
     *sequence = seq;
     status = (!a.cached && a.handle.input_error->found) ? 1 : 0;
-    if (status != 0 && a.mailbox->input.found == 0) a.mailbox->input = *a.handle.input_error;
+    if (status != 0) {
+      if (a.mailbox->input.found == 0) a.mailbox->input = *a.handle.input_error;
+      *a.handle.input_error = InputError{};  // read once: the handle block starts clean for its next dispatch
+    }
   }
   __syncthreads();
 
   if (!a.cached) {
+    const int layout_ctas = (a.num_tokens + kLayoutTokensPerCta - 1) / kLayoutTokensPerCta;
     for (int i = threadIdx.x; i < R * (R + 1); i += blockDim.x) {
       const int d = i / (R + 1), j = i % (R + 1);
       b.at<int32_t>(d, b.notify_counts)[me * (R + 1) + j] = j < R ? a.handle.rank_counts[j] : status;
     }
     for (int i = threadIdx.x; i < R * E_local; i += blockDim.x) {
       const int d = i / E_local, j = i % E_local;
-      b.at<int32_t>(d, b.notify_expert_counts)[me * E_local + j] = a.handle.expert_token_counts[d * E_local + j];
+      int32_t n = 0;  // this rank's tokens naming expert d * E_local + j, summed over the layout CTAs
+      for (int h = 0; h < layout_ctas; ++h) n += a.handle.expert_partials[int64_t(h) * b.num_experts + d * E_local + j];
+      b.at<int32_t>(d, b.notify_expert_counts)[me * E_local + j] = n;
     }
   }
   __syncthreads();  // every write above before the releases below
