@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -175,6 +176,28 @@ TEST(HtValidation, BadArgumentsAndInvalidExpertIds) {
     }
     expect_refused([&] { buffer.dispatch(in.args, on); },
                    rank == 1 ? "topk_idx[5][2] = " + std::to_string(kCase.E) : std::string("rank 1 passed"));
+  });
+}
+
+// A rank that never joins the dispatch: the other gives up within the team's timeout with an error
+// that names the phase and the absent rank, and its buffer and team can still be destroyed.
+TEST(HtTimeout, AbsentPeerIsNamed) {
+  const auto expected = expected_rounds(2, 1);
+  on_single_gpu_team(2, TeamOptions{std::chrono::milliseconds(300)}, [&](Team& team, cudaStream_t stream) {
+    RankInputs in = upload_inputs(kCase, expected[0].tokens[team.rank()]);
+    HtBuffer buffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, kCase.E});
+    if (team.rank() == 1) return;  // rank 1 is "dead"
+    try {
+      buffer.dispatch(in.args, HtStreams{stream});
+      ADD_FAILURE() << "a dispatch without its peer returned";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::timeout) << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(what.find("HT dispatch count exchange"), std::string::npos) << what;
+      EXPECT_NE(what.find("waiting for rank 1"), std::string::npos) << what;
+    }
+    EXPECT_TRUE(team.failed());
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   });
 }
 

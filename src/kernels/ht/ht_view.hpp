@@ -37,6 +37,9 @@ struct InputError {
 };
 
 // Routing state of one dispatch, kept by its HtHandle (device memory owned by the handle).
+// HandleView::status when the count exchange's wait expired (the team failed).
+constexpr int32_t kStatusTeamFailed = -1;
+
 // Tokens each "histogram" CTA of the layout kernel covers (its partial expert counts are one row).
 constexpr int kLayoutTokensPerCta = 1024;
 
@@ -48,7 +51,8 @@ struct HandleView {
   int32_t* expert_counts;    // [E_local]: received rows per local expert, aligned
   int32_t* rank_counts;      // [R]: this rank's tokens per destination rank (layout)
   int32_t* expert_partials;  // [ceil(T / kLayoutTokensPerCta)][E]: tokens per expert of each layout CTA's tokens
-  int32_t* status;           // [1]: 0, or 1 + the rank whose input was invalid (then nothing is sent)
+  int32_t* status;           // [1]: 0; 1 + the rank whose input was invalid; or kStatusTeamFailed.
+                             // Anything but 0: nothing is sent
   InputError* input_error;   // [1]: this rank's invalid input found by the layout kernel
 };
 

@@ -110,7 +110,8 @@ __global__ void __launch_bounds__(kThreads) notify_kernel(NotifyArgs a) {
   __syncthreads();  // every write above before the releases below
   for (int d = threadIdx.x; d < R; d += blockDim.x) transport::add_release_sys(b.flag(d, core::kDispatchNotify, me), 1);
   if (!wait_for_every_rank(b, core::kDispatchNotify, seq, transport::WaitPhase::ht_notify)) {
-    return;  // the team failed; the host reports it
+    if (threadIdx.x == 0) *a.handle.status = kStatusTeamFailed;  // dispatch_send then sends nothing
+    return;                                                      // the host reports the expired wait
   }
   if (!a.cached) count_exchange_results(a);
   __syncthreads();

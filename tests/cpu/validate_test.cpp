@@ -1,0 +1,107 @@
+// Argument checks (core/validate) and the HT buffer's sizing (core/ht_areas): CPU only.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/ht_areas.hpp"
+#include "core/validate.hpp"
+#include "epx/error.hpp"
+
+namespace epx::core {
+namespace {
+
+// A fake device address: the checks never dereference it.
+void* address(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+std::string refusal(const TensorRef& t, const Expect& e) {
+  try {
+    check_tensor(t, e);
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::invalid_argument);
+    return error.what();
+  }
+  return "";
+}
+
+TEST(CheckTensor, AcceptsAMatchingTensor) {
+  const TensorRef x = TensorRef::matrix(address(4096), ScalarType::bf16, 4, 256);
+  EXPECT_EQ(refusal(x, {"x", {ScalarType::bf16, ScalarType::fp8_e4m3}, 4, 256, true, 16}), "");
+}
+
+TEST(CheckTensor, NamesTheWrongType) {
+  const TensorRef x = TensorRef::matrix(address(4096), ScalarType::float32, 4, 256);
+  EXPECT_NE(refusal(x, {"x", {ScalarType::bf16, ScalarType::fp8_e4m3}}).find("x must be bf16 or fp8_e4m3, got float32"),
+            std::string::npos);
+}
+
+TEST(CheckTensor, NamesTheWrongShape) {
+  const TensorRef w = TensorRef::matrix(address(4096), ScalarType::float32, 3, 8);
+  EXPECT_NE(refusal(w, {"topk_weights", {ScalarType::float32}, 4, 8}).find("must have 4 rows"), std::string::npos);
+  EXPECT_NE(refusal(w, {"topk_weights", {ScalarType::float32}, 3, 6}).find("must have 6 columns"), std::string::npos);
+}
+
+TEST(CheckTensor, RefusesNullPointersOnlyWhenThereIsData) {
+  EXPECT_NE(
+      refusal(TensorRef::matrix(nullptr, ScalarType::bf16, 2, 128), {"x", {ScalarType::bf16}}).find("null pointer"),
+      std::string::npos);
+  EXPECT_EQ(refusal(TensorRef::matrix(nullptr, ScalarType::bf16, 0, 128), {"x", {ScalarType::bf16}}), "");
+}
+
+TEST(CheckTensor, RefusesMisalignedDataAndPitch) {
+  EXPECT_NE(
+      refusal(TensorRef::matrix(address(4098), ScalarType::bf16, 2, 128), {"x", {ScalarType::bf16}, -1, -1, true, 16})
+          .find("16-byte aligned"),
+      std::string::npos);
+  const TensorRef odd_pitch{address(4096), ScalarType::bf16, 2, 128, 129, 1};
+  EXPECT_NE(refusal(odd_pitch, {"x", {ScalarType::bf16}, -1, -1, true, 16}).find("row pitch"), std::string::npos);
+}
+
+TEST(CheckTensor, DenseRowsNeedContiguousColumns) {
+  const TensorRef column_major{address(4096), ScalarType::float32, 4, 56, 1, 4};
+  EXPECT_NE(refusal(column_major, {"x_scales", {ScalarType::float32}}).find("contiguous columns"), std::string::npos);
+  EXPECT_EQ(refusal(column_major, {"x_scales", {ScalarType::float32}, 4, 56, false}), "");  // strides accepted
+}
+
+TEST(CheckTensor, OptionalMeansAbsentOrValid) {
+  EXPECT_NO_THROW(check_optional_tensor(TensorRef{}, {"bias", {ScalarType::bf16}, 4, 128}));
+  EXPECT_THROW(check_optional_tensor(TensorRef::matrix(address(4096), ScalarType::bf16, 3, 128),
+                                     {"bias", {ScalarType::bf16}, 4, 128}),
+               Error);
+}
+
+TEST(HtAreas, EveryAreaIsAlignedAndDisjoint) {
+  const HtBufferOptions o{4096, 7168, 8, 256};
+  for (int R : {1, 2, 8, 72}) {
+    const HtAreas a = ht_areas(o, R);
+    const std::size_t offsets[] = {a.notify_counts,
+                                   a.notify_expert_counts,
+                                   a.flags,
+                                   a.sequence,
+                                   a.recv_x,
+                                   a.recv_scales,
+                                   a.recv_src_idx,
+                                   a.recv_topk_idx,
+                                   a.recv_topk_weights,
+                                   a.combine_input,
+                                   a.combine_input_weights,
+                                   a.total};
+    for (std::size_t i = 0; i + 1 < std::size(offsets); ++i) {
+      EXPECT_EQ(offsets[i] % 128, 0u) << "area " << i << " for R = " << R;
+      EXPECT_LT(offsets[i], offsets[i + 1]) << "area " << i << " for R = " << R;
+    }
+    // The receive area holds R * T_max BF16 rows; the count area [R][R + 1] fits before the next one.
+    EXPECT_GE(a.recv_scales - a.recv_x, std::size_t(R) * 4096 * 7168 * 2);
+    EXPECT_GE(a.notify_expert_counts - a.notify_counts, sizeof(int32_t) * R * (R + 1));
+    EXPECT_GE(a.total - a.combine_input_weights, std::size_t(R) * 4096 * 8 * sizeof(float));
+  }
+}
+
+TEST(HtAreas, TheDeepSeekShapeOnTwoRanksNeedsAboutTwoHundredFortyMegabytes) {
+  const HtAreas a = ht_areas({4096, 7168, 8, 256}, 2);
+  // Two areas of 8192 BF16 rows of 7168 (117.4 MB each), plus scales, indices and weights.
+  EXPECT_GT(a.total, std::size_t(2) * 8192 * 7168 * 2);
+  EXPECT_LT(a.total, std::size_t(260) << 20);
+}
+
+}  // namespace
+}  // namespace epx::core
