@@ -19,9 +19,11 @@
 // Home ranks read the rows they need straight from the other ranks' memory (combine_input()), in one
 // pass that also reduces.
 //
-// Every call is collective (all ranks call it in the same order) and runs on the given stream, or on
-// the buffer's communication stream when HtStreams::async is set (see HtStreams). Every argument is
-// checked before anything is launched; a bad one throws epx::Error naming it.
+// Every call but get_layout is collective (all ranks call it in the same order, with the same form,
+// dtype, hidden size and top-k) and runs on the given stream, or on the buffer's communication stream
+// when HtStreams::async is set (see HtStreams). Calls on one buffer run in the order they were made,
+// whatever their streams (each waits for the previous one). Call them with the team's CUDA device
+// current. Every argument is checked before anything is launched; a bad one throws epx::Error naming it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,9 +40,12 @@ namespace epx {
 
 struct HtBufferOptions {
   int max_tokens_per_rank = 4096;  // T_max: the most tokens one rank dispatches in one call
-  int hidden = 7168;               // H, a multiple of 128 (largest hidden the buffer holds)
+  int hidden = 7168;               // H, a multiple of 128, at most 16384 (largest hidden the buffer holds)
   int max_topk = 8;                // K_max
   int num_experts = 256;           // E, a multiple of the team size
+  // Device copies of routing state (handles) made up front: dispatches inside a CUDA graph capture
+  // can only use these (a capture cannot allocate), and each captured one stays with its graph.
+  int handle_blocks = 4;
 };
 
 // Kernel configuration. Defaults per rank count come from the bench (bench/results/).
@@ -92,10 +97,10 @@ struct HtDispatchResult {
 };
 
 struct HtCombineArgs {
-  TensorRef y;             // [rows >= N][H] bf16, row i for received row i
-  TensorRef topk_weights;  // [rows >= N][K] float32, or empty
-  TensorRef bias;          // [T][H] bf16, or empty
-  std::shared_ptr<const HtHandle> handle;
+  TensorRef y;                             // [rows >= N][H] bf16, row i for received row i
+  TensorRef topk_weights;                  // [rows >= N][K] float32, or empty: every rank passes weights, or none does
+  TensorRef bias;                          // [T][H] bf16, or empty
+  std::shared_ptr<const HtHandle> handle;  // every rank passes the handle of the same dispatch
 };
 
 struct HtCombineResult {
@@ -112,7 +117,9 @@ class EPX_API HtBuffer {
   HtBuffer(const HtBuffer&) = delete;
   HtBuffer& operator=(const HtBuffer&) = delete;
 
-  void get_layout(const TensorRef& topk_idx, const HtLayout& out, const HtStreams& streams);
+  // Local (not collective). Returns HtStreams' `finished` event with async, else null. An invalid expert
+  // id is reported by the next get_layout or check_errors().
+  cudaEvent_t get_layout(const TensorRef& topk_idx, const HtLayout& out, const HtStreams& streams);
   HtDispatchResult dispatch(const HtDispatchArgs& args, const HtStreams& streams);
   HtCombineResult combine(const HtCombineArgs& args, const HtStreams& streams);
 
@@ -123,6 +130,12 @@ class EPX_API HtBuffer {
   // every rank has finished reading it).
   TensorRef combine_input(int64_t rows, int64_t hidden) const;
   TensorRef combine_input_weights(int64_t rows, int64_t topk) const;
+
+  // Reports errors that kernels recorded without the host waiting for them: an invalid topk_idx on
+  // some rank, a worst-case dispatch whose N exceeded num_worst_tokens, an invalid id in get_layout, a
+  // device wait that expired. Exact-form dispatches report them on their own; callers of the
+  // worst-case form call this after synchronising their stream (say, once per step).
+  void check_errors();
 
   const HtConfig& config() const;
   void set_config(const HtConfig& config);

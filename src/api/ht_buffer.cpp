@@ -45,6 +45,9 @@ struct HtBuffer::Impl {
   float* combine_out_weights = nullptr;  // [T_max][K_max]
   std::size_t private_bytes = 0;
   std::shared_ptr<HtHandlePool> handles;
+  cudaEvent_t last_call = nullptr;  // recorded by every call outside graph capture; the next one waits on it
+  bool capturing = false;           // the current call's stream is being captured
+  int sm_count = 0;
 
   Impl(Team& t, const HtBufferOptions& o, const HtConfig& c) : team(t), options(o), config(c) {}
   ~Impl();
@@ -52,12 +55,13 @@ struct HtBuffer::Impl {
   kh::BufferView view() const;
   cudaStream_t begin(const HtStreams& streams);
   cudaEvent_t end(const HtStreams& streams, cudaStream_t stream);
-  void report_sticky_errors();
+  void report_recorded_errors();
   void wait_for_ticket(uint32_t ticket, cudaStream_t stream);
   void validate_config(const HtConfig& c) const;
 };
 
 HtBuffer::Impl::~Impl() {
+  if (last_call != nullptr) cudaEventDestroy(last_call);
   // Handles the caller still holds keep the pool (and their blocks) alive; this buffer's part ends here.
   if (comm_stream != nullptr) cudaStreamDestroy(comm_stream);
   if (mailbox != nullptr) cudaFreeHost(mailbox);
@@ -91,22 +95,44 @@ kh::BufferView HtBuffer::Impl::view() const {
 void HtBuffer::Impl::validate_config(const HtConfig& c) const {
   require(c.num_sms >= 1 && c.num_sms <= 1024,
           "HtConfig::num_sms must be in [1, 1024], got " + std::to_string(c.num_sms));
+  // On one GPU the ranks' CTAs wait for each other, so all of them must be resident at once.
+  require(!team.is_single_gpu() || c.num_sms * team.size() <= sm_count,
+          "HtConfig::num_sms = " + std::to_string(c.num_sms) + " on a single-GPU team of " +
+              std::to_string(team.size()) + " ranks needs " + std::to_string(c.num_sms * team.size()) +
+              " resident CTAs; this GPU has " + std::to_string(sm_count) + " SMs");
 }
 
-// Where the kernels of one call run (see HtStreams).
+// Where the kernels of one call run (see HtStreams), after the checks every call shares: the right
+// device, a team that has not failed, and the previous call on this buffer (any stream) first.
 cudaStream_t HtBuffer::Impl::begin(const HtStreams& streams) {
-  if (!streams.async) return streams.stream;
-  cudaEvent_t ready = streams.previous_event;
-  if (ready == nullptr) {
-    check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(ready, streams.stream), "cudaEventRecord");
+  int device = -1;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  require(device == team.device(), "HT call with CUDA device " + std::to_string(device) +
+                                       " current; this rank's team is on device " + std::to_string(team.device()));
+  team.check_device_errors();  // an expired wait of an earlier call: report it now, once
+  require(!team.failed(), "HT call on a failed team (a wait expired earlier)");
+  cudaStream_t stream = streams.stream;
+  if (streams.async) {
+    cudaEvent_t ready = streams.previous_event;
+    cudaError_t status = cudaSuccess;
+    if (ready == nullptr) {
+      status = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+      if (status == cudaSuccess) status = cudaEventRecord(ready, streams.stream);
+    }
+    if (status == cudaSuccess) status = cudaStreamWaitEvent(comm_stream, ready, 0);
+    if (streams.previous_event == nullptr && ready != nullptr) cudaEventDestroy(ready);
+    check_cuda(status, "ordering the communication stream after the caller's stream");
+    stream = comm_stream;
   }
-  check_cuda(cudaStreamWaitEvent(comm_stream, ready, 0), "cudaStreamWaitEvent");
-  if (streams.previous_event == nullptr) cudaEventDestroy(ready);
-  return comm_stream;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  capturing = status != cudaStreamCaptureStatusNone;
+  if (!capturing) check_cuda(cudaStreamWaitEvent(stream, last_call, 0), "waiting for the previous call");
+  return stream;
 }
 
 cudaEvent_t HtBuffer::Impl::end(const HtStreams& streams, cudaStream_t stream) {
+  if (!capturing) check_cuda(cudaEventRecord(last_call, stream), "cudaEventRecord");
   if (!streams.async) return nullptr;
   cudaEvent_t finished = nullptr;
   check_cuda(cudaEventCreateWithFlags(&finished, cudaEventDisableTiming), "cudaEventCreate");
@@ -114,9 +140,21 @@ cudaEvent_t HtBuffer::Impl::end(const HtStreams& streams, cudaStream_t stream) {
   return finished;
 }
 
-// Errors that kernels of earlier calls recorded without the host waiting for them.
-void HtBuffer::Impl::report_sticky_errors() {
+// Errors that kernels recorded without the host waiting for them (HostMailbox's sticky fields).
+// Reported where every rank is at the same point (the end of an exact-form dispatch), or where the
+// caller asks (check_errors), never at the start of a collective call: one rank throwing there would
+// leave the others waiting for it.
+void HtBuffer::Impl::report_recorded_errors() {
   volatile kh::HostMailbox* m = mailbox;
+  if (m->layout_input.found) {
+    const kh::InputError input{m->layout_input.found, m->layout_input.token, m->layout_input.slot,
+                               m->layout_input.value};
+    m->layout_input.found = 0;
+    detail::fail(ErrorKind::invalid_argument, "HT get_layout: topk_idx[" + std::to_string(input.token) + "][" +
+                                                  std::to_string(input.slot) + "] = " + std::to_string(input.value) +
+                                                  " is not an expert id in [-1, " +
+                                                  std::to_string(options.num_experts) + ")");
+  }
   if (m->failed_rank >= 0) {
     const int failed = m->failed_rank;
     const kh::InputError input{m->input.found, m->input.token, m->input.slot, m->input.value};
@@ -157,7 +195,9 @@ void HtBuffer::Impl::wait_for_ticket(uint32_t ticket, cudaStream_t stream) {
     // Twice the device's bound: a device wait that expires reports who it waited for, which says more.
     if (std::chrono::steady_clock::now() - start > 2 * team.options().wait_timeout) {
       team.check_device_errors();
-      detail::fail(ErrorKind::timeout, "HT dispatch: the received count did not arrive within the team's timeout");
+      team.impl().mark_failed();
+      detail::fail(ErrorKind::timeout,
+                   "HT dispatch: the received count did not arrive within twice the team's timeout");
     }
     std::this_thread::yield();
   }
@@ -169,8 +209,10 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   detail::ScopedRank scoped(team.rank());
   const int R = team.size();
   require(options.max_tokens_per_rank >= 1, "HtBufferOptions::max_tokens_per_rank must be >= 1");
-  require(options.hidden >= 128 && options.hidden % 128 == 0,
-          "HtBufferOptions::hidden must be a positive multiple of 128, got " + std::to_string(options.hidden));
+  require(options.hidden >= 128 && options.hidden % 128 == 0 && options.hidden <= kh::kMaxHidden,
+          "HtBufferOptions::hidden must be a positive multiple of 128 up to " + std::to_string(kh::kMaxHidden) +
+              ", got " + std::to_string(options.hidden));
+  require(options.handle_blocks >= 1, "HtBufferOptions::handle_blocks must be >= 1");
   require(options.max_topk >= 1 && options.max_topk <= 32,
           "HtBufferOptions::max_topk must be in [1, 32], got " + std::to_string(options.max_topk));
   require(options.num_experts >= R && options.num_experts % R == 0,
@@ -180,7 +222,10 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   require(options.num_experts <= kh::kMaxLayoutExperts, "HtBufferOptions::num_experts is at most " +
                                                             std::to_string(kh::kMaxLayoutExperts) + ", got " +
                                                             std::to_string(options.num_experts));
+  check_cuda(cudaDeviceGetAttribute(&impl_->sm_count, cudaDevAttrMultiProcessorCount, team.device()),
+             "cudaDeviceGetAttribute");
   impl_->validate_config(config);
+  kh::prepare_kernels();
   impl_->areas = core::ht_areas(options, R);
   impl_->memory = team.allocate_symmetric(impl_->areas.total);
   check_cuda(cudaStreamCreateWithFlags(&impl_->comm_stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -201,8 +246,9 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out_weights), out_weight_bytes),
              "cudaMalloc(HT combine weights)");
   impl_->private_bytes = out_bytes + out_weight_bytes + 2 * sizeof(uint32_t);
-  // Two blocks up front: a dispatch and a cached re-dispatch (or a graph capture) allocate nothing.
-  impl_->handles = std::make_shared<HtHandlePool>(R, options.max_tokens_per_rank, options.num_experts, 2);
+  impl_->handles =
+      std::make_shared<HtHandlePool>(R, options.max_tokens_per_rank, options.num_experts, options.handle_blocks);
+  check_cuda(cudaEventCreateWithFlags(&impl_->last_call, cudaEventDisableTiming), "cudaEventCreate");
 }
 
 HtBuffer::~HtBuffer() = default;
@@ -243,10 +289,16 @@ std::size_t HtBuffer::required_bytes(const HtBufferOptions& options, int num_ran
          std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float);
 }
 
-void HtBuffer::get_layout(const TensorRef& topk_idx, const HtLayout& out, const HtStreams& streams) {
+void HtBuffer::check_errors() {
+  detail::ScopedRank scoped(impl_->team.rank());
+  impl_->team.check_device_errors();
+  impl_->report_recorded_errors();
+}
+
+cudaEvent_t HtBuffer::get_layout(const TensorRef& topk_idx, const HtLayout& out, const HtStreams& streams) {
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
-  im.report_sticky_errors();
+  im.report_recorded_errors();  // local call: nobody waits for this rank
   core::check_tensor(topk_idx, {"topk_idx", {ScalarType::int64, ScalarType::int32}});
   require(topk_idx.rows <= im.options.max_tokens_per_rank, "topk_idx has " + std::to_string(topk_idx.rows) +
                                                                " tokens, more than the buffer's max_tokens_per_rank (" +
@@ -259,19 +311,18 @@ void HtBuffer::get_layout(const TensorRef& topk_idx, const HtLayout& out, const 
   outputs.rank_counts = out.num_tokens_per_rank;
   outputs.expert_token_counts = out.num_tokens_per_expert;
   outputs.is_token_in_rank = out.is_token_in_rank;
-  outputs.error = &im.mailbox_device->input;
+  outputs.error = &im.mailbox_device->layout_input;
   check_cuda(cudaMemsetAsync(out.num_tokens_per_expert, 0, sizeof(int32_t) * im.options.num_experts, stream),
              "cudaMemsetAsync(num_tokens_per_expert)");
   kh::launch_layout(topk_idx.data, topk_idx.type == ScalarType::int64, topk_idx.row_stride, int(topk_idx.rows),
                     int(topk_idx.cols), im.team.size(), im.options.num_experts, outputs, stream);
-  im.end(streams, stream);
+  return im.end(streams, stream);
 }
 
 HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams& streams) {
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
-  require(!im.team.failed(), "HT dispatch on a failed team");
-  im.report_sticky_errors();
+
   const int R = im.team.size();
   const int64_t T = args.topk_idx.rows;
   const int64_t H = args.x.cols;
@@ -294,13 +345,14 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   } else {
     require(args.x_scales.empty(), "x_scales is given but x is bf16 (scales go with fp8_e4m3 x only)");
   }
-  require(args.expert_alignment >= 1, "expert_alignment must be >= 1");
+  require(args.expert_alignment >= 1 && args.expert_alignment <= (1 << 16),
+          "expert_alignment must be in [1, 65536], got " + std::to_string(args.expert_alignment));
   const int64_t capacity = im.areas.recv_rows;
   require(args.num_worst_tokens >= 0 && args.num_worst_tokens <= capacity,
           "num_worst_tokens must be in [0, R * max_tokens_per_rank = " + std::to_string(capacity) + "], got " +
               std::to_string(args.num_worst_tokens));
   if (args.cached) {
-    require(args.cached->owner == &im, "the cached handle comes from another HtBuffer");
+    require(args.cached->pool() == im.handles.get(), "the cached handle comes from another HtBuffer");
     require(args.cached->num_tokens == T && args.cached->topk == K,
             "the cached handle was made for " + std::to_string(args.cached->num_tokens) + " tokens of top-" +
                 std::to_string(args.cached->topk) + ", not " + std::to_string(T) + " of top-" + std::to_string(K));
@@ -313,8 +365,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   std::shared_ptr<HtHandle> fresh;
   const HtHandle* handle = args.cached.get();
   if (handle == nullptr) {
-    fresh =
-        std::make_shared<HtHandle>(&im, im.handles, im.handles->acquire(stream), int(T), int(K), args.expert_alignment);
+    fresh = std::make_shared<HtHandle>(im.handles, im.handles->acquire(stream), int(T), int(K), args.expert_alignment);
     handle = fresh.get();
     kh::LayoutOutputs outputs;
     outputs.send_pos = handle->view().send_pos;
@@ -352,14 +403,13 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   tokens.weights_row_stride = args.topk_weights.row_stride;
   tokens.num_tokens = int32_t(T);
   tokens.topk = int32_t(K);
-  kh::launch_dispatch_send(kh::SendArgs{view, handle->view(), tokens, handle == fresh.get(), im.blocks_done},
-                           im.config.num_sms, stream);
+  kh::launch_dispatch_send(kh::SendArgs{view, handle->view(), tokens, im.blocks_done}, im.config.num_sms, stream);
   handle->mark_use(stream);
 
   HtDispatchResult result;
   if (args.num_worst_tokens == 0) {
     im.wait_for_ticket(ticket, stream);
-    im.report_sticky_errors();
+    im.report_recorded_errors();
     result.num_recv_tokens = im.mailbox->num_recv;
     result.num_rows = result.num_recv_tokens;
     result.num_recv_tokens_per_expert_host.assign(im.mailbox->expert_counts,
@@ -389,11 +439,10 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
 HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& streams) {
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
-  require(!im.team.failed(), "HT combine on a failed team");
-  im.report_sticky_errors();
+
   require(args.handle != nullptr, "HT combine needs the handle of the dispatch it reverses");
   const HtHandle& handle = *args.handle;
-  require(handle.owner == &im, "the combine handle comes from another HtBuffer");
+  require(handle.pool() == im.handles.get(), "the combine handle comes from another HtBuffer");
   const int64_t H = args.y.cols;
   core::check_tensor(args.y, {"y", {ScalarType::bf16}, -1, -1, true, 16});
   const char* in_place = static_cast<const char*>(im.memory.local()) + im.areas.combine_input;

@@ -1,5 +1,7 @@
 #include "api/ht_handle.hpp"
 
+#include <string>
+
 #include "core/cuda_check.hpp"
 
 namespace epx {
@@ -20,7 +22,6 @@ std::size_t lay_out(int R, int max_tokens, int E, char* base, kernels::ht::Handl
   v.send_pos = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * std::size_t(max_tokens) * R));
   v.send_begin = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * R));
   v.recv_begin = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * (R + 1)));
-  v.recv_src_idx = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * std::size_t(R) * max_tokens));
   v.expert_counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * (E / R)));
   v.rank_counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * R));
   const std::size_t layout_ctas =
@@ -56,25 +57,31 @@ HtHandlePool::Block* HtHandlePool::allocate() {
   check_cuda(cudaEventCreateWithFlags(&block->last_use, cudaEventDisableTiming), "cudaEventCreate");
   lay_out(num_ranks_, max_tokens_, num_experts_, static_cast<char*>(block->memory), &block->view);
   blocks_.push_back(std::move(block));
+  free_.reserve(blocks_.size());  // release() then never allocates (it runs in a destructor)
   return blocks_.back().get();
 }
 
 HtHandlePool::Block* HtHandlePool::acquire(cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  const bool in_capture = capturing != cudaStreamCaptureStatusNone;
   Block* block = nullptr;
   {
     std::lock_guard lock(mutex_);
     if (free_.empty()) {
+      detail::require(!in_capture, "HT dispatch inside a CUDA graph capture needs a free handle block, and all " +
+                                       std::to_string(blocks_.size()) +
+                                       " are held: drop handles first, or raise HtBufferOptions::handle_blocks");
       block = allocate();
     } else {
       block = free_.back();
       free_.pop_back();
     }
+    block->captured = in_capture;
   }
-  // Inside a graph capture the graph's own launch order covers earlier uses (and a capture may not wait
-  // on an event recorded outside it).
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
-  if (capturing == cudaStreamCaptureStatusNone) {
+  // Inside a capture the graph's own launch order covers earlier uses (and a capture may not wait on
+  // an event recorded outside it).
+  if (!in_capture) {
     check_cuda(cudaStreamWaitEvent(stream, block->last_use, 0), "cudaStreamWaitEvent(HT handle block)");
   }
   return block;
@@ -82,7 +89,7 @@ HtHandlePool::Block* HtHandlePool::acquire(cudaStream_t stream) {
 
 void HtHandlePool::release(Block* block) {
   std::lock_guard lock(mutex_);
-  free_.push_back(block);
+  if (!block->captured) free_.push_back(block);  // a captured graph may replay it: keep it out of reuse
 }
 
 void HtHandlePool::mark_use(Block* block, cudaStream_t stream) {
@@ -96,10 +103,9 @@ std::size_t HtHandlePool::bytes() const {
   return total;
 }
 
-HtHandle::HtHandle(const void* owner_, std::shared_ptr<HtHandlePool> pool, HtHandlePool::Block* block, int num_tokens_,
-                   int topk_, int expert_alignment_)
-    : owner(owner_),
-      num_tokens(num_tokens_),
+HtHandle::HtHandle(std::shared_ptr<HtHandlePool> pool, HtHandlePool::Block* block, int num_tokens_, int topk_,
+                   int expert_alignment_)
+    : num_tokens(num_tokens_),
       topk(topk_),
       expert_alignment(expert_alignment_),
       pool_(std::move(pool)),

@@ -25,6 +25,7 @@ class HtHandlePool {
     void* memory = nullptr;
     std::size_t bytes = 0;
     cudaEvent_t last_use = nullptr;
+    bool captured = false;  // taken inside a graph capture: the graph keeps using it, so never reused
     kernels::ht::HandleView view{};
   };
 
@@ -33,7 +34,8 @@ class HtHandlePool {
   HtHandlePool(const HtHandlePool&) = delete;
   HtHandlePool& operator=(const HtHandlePool&) = delete;
 
-  // A block for a new dispatch on `stream` (grows the pool when none is free).
+  // A block for a new dispatch on `stream`. Grows the pool when none is free, except inside a graph
+  // capture (an allocation there would break it): then it throws, asking for more preallocated blocks.
   Block* acquire(cudaStream_t stream);
   void release(Block* block);
   static void mark_use(Block* block, cudaStream_t stream);
@@ -49,13 +51,12 @@ class HtHandlePool {
 
 class HtHandle {
  public:
-  HtHandle(const void* owner, std::shared_ptr<HtHandlePool> pool, HtHandlePool::Block* block, int num_tokens, int topk,
+  HtHandle(std::shared_ptr<HtHandlePool> pool, HtHandlePool::Block* block, int num_tokens, int topk,
            int expert_alignment);
   ~HtHandle();
   HtHandle(const HtHandle&) = delete;
   HtHandle& operator=(const HtHandle&) = delete;
 
-  const void* owner;                        // the HtBuffer::Impl that made it
   int num_tokens;                           // T of the dispatch
   int topk;                                 // K of the dispatch
   int expert_alignment;                     // of the dispatch; a cached dispatch must use the same
@@ -64,6 +65,8 @@ class HtHandle {
   std::vector<int32_t> expert_counts_host;  // when N is known
   const kernels::ht::HandleView& view() const { return block_->view; }
   void mark_use(cudaStream_t stream) const { HtHandlePool::mark_use(block_, stream); }
+  // The pool of the buffer that made it (the handle keeps it alive, so the address identifies the buffer).
+  const HtHandlePool* pool() const { return pool_.get(); }
 
  private:
   std::shared_ptr<HtHandlePool> pool_;

@@ -1,5 +1,6 @@
 #include "core/validate.hpp"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/rank_context.hpp"
@@ -39,9 +40,10 @@ void check_tensor(const TensorRef& t, const Expect& e) {
   }
   const auto address = reinterpret_cast<std::uintptr_t>(t.data);
   const int64_t pitch = t.row_stride * element_size(t.type);
-  require(address % e.alignment == 0, name + " must be " + std::to_string(e.alignment) + "-byte aligned");
-  require(t.rows == 1 || pitch % e.alignment == 0, name + " row pitch (" + std::to_string(pitch) +
-                                                       " bytes) must be a multiple of " + std::to_string(e.alignment));
+  const int alignment = std::max(e.alignment, element_size(t.type));  // at least the element's own
+  require(address % alignment == 0, name + " must be " + std::to_string(alignment) + "-byte aligned");
+  require(t.rows == 1 || pitch % alignment == 0,
+          name + " row pitch (" + std::to_string(pitch) + " bytes) must be a multiple of " + std::to_string(alignment));
 }
 
 void check_optional_tensor(const TensorRef& t, const Expect& e) {

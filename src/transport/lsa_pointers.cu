@@ -19,11 +19,13 @@ std::vector<void*> resolve_lsa_pointers(ncclWindow_t window, int nranks) {
   void** device_out = nullptr;
   check_cuda(cudaMalloc(&device_out, sizeof(void*) * nranks), "cudaMalloc(LSA pointers)");
   lsa_pointers_kernel<<<1, nranks>>>(window, nranks, device_out);
-  detail::check_launch("lsa_pointers_kernel");
+  const cudaError_t launched = cudaGetLastError();
   std::vector<void*> pointers(nranks);
-  const cudaError_t copied = cudaMemcpy(pointers.data(), device_out, sizeof(void*) * nranks, cudaMemcpyDeviceToHost);
+  const cudaError_t copied =
+      launched != cudaSuccess ? launched
+                              : cudaMemcpy(pointers.data(), device_out, sizeof(void*) * nranks, cudaMemcpyDeviceToHost);
   cudaFree(device_out);
-  check_cuda(copied, "cudaMemcpy(LSA pointers)");
+  check_cuda(copied, "resolving the LSA pointers of a window");
   return pointers;
 }
 

@@ -24,7 +24,8 @@ std::unique_ptr<Team::Impl> new_impl(int rank, int nranks, bool single_gpu, cons
           "a team has 1 to " + std::to_string(kMaxNvlinkRanks) + " ranks, not " + std::to_string(nranks));
   require(rank >= 0 && rank < nranks,
           "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(nranks) + ")");
-  require(options.wait_timeout.count() > 0, "TeamOptions::wait_timeout must be positive");
+  require(options.wait_timeout.count() > 0 && options.wait_timeout <= std::chrono::hours(1),
+          "TeamOptions::wait_timeout must be positive and at most an hour");
   auto impl = std::make_unique<Team::Impl>();
   impl->rank = rank;
   impl->nranks = nranks;
@@ -42,6 +43,12 @@ std::unique_ptr<Team::Impl> new_impl(int rank, int nranks, bool single_gpu, cons
 }
 
 }  // namespace
+
+void Team::Impl::mark_failed() {
+  if (failed) return;
+  failed = true;
+  backend->mark_failed();
+}
 
 Team::Impl::~Impl() {
   control = SymmetricMemory();  // before the backend it came from
@@ -120,10 +127,7 @@ void Team::check_device_errors() {
   detail::ScopedRank scoped(impl_->rank);
   const transport::WaitReport& report = *impl_->report_host;
   if (std::atomic_ref<const uint32_t>(report.claimed).load() == 0u) return;
-  if (!impl_->failed) {
-    impl_->failed = true;
-    impl_->backend->mark_failed();
-  }
+  impl_->mark_failed();
   detail::fail(ErrorKind::timeout, transport::describe(report));
 }
 

@@ -54,6 +54,8 @@ struct Team::Impl {
   bool failed = false;
 
   ~Impl();
+  // After a wait expired (device or host): later collective work refuses, teardown stops waiting for peers.
+  void mark_failed();
   transport::TeamView view() const;
   transport::SymmetricView symmetric_view(const SymmetricMemory& memory) const;
 };

@@ -56,6 +56,13 @@ TEST(CheckTensor, RefusesMisalignedDataAndPitch) {
   EXPECT_NE(refusal(odd_pitch, {"x", {ScalarType::bf16}, -1, -1, true, 16}).find("row pitch"), std::string::npos);
 }
 
+TEST(CheckTensor, ElementsAreAlwaysNaturallyAligned) {
+  EXPECT_NE(refusal(TensorRef::matrix(address(4100), ScalarType::int64, 2, 8), {"topk_idx", {ScalarType::int64}})
+                .find("8-byte aligned"),
+            std::string::npos);
+  EXPECT_EQ(refusal(TensorRef::matrix(address(4100), ScalarType::int32, 2, 8), {"topk_idx", {ScalarType::int32}}), "");
+}
+
 TEST(CheckTensor, DenseRowsNeedContiguousColumns) {
   const TensorRef column_major{address(4096), ScalarType::float32, 4, 56, 1, 4};
   EXPECT_NE(refusal(column_major, {"x_scales", {ScalarType::float32}}).find("contiguous columns"), std::string::npos);

@@ -16,8 +16,7 @@
 //     1 to flag[kDispatchDone][me] on every rank d (release). The fences chain every CTA's stores
 //     before those releases.
 //   * The last CTA then waits (acquire) until its own flag[kDispatchDone][s] >= seq for every source s:
-//     when the kernel ends, every row of this dispatch has arrived here. Unless cached, it copies the
-//     rows' src_idx into the handle (combine needs them after later dispatches reuse the receive area).
+//     when the kernel ends, every row of this dispatch has arrived here.
 #include <algorithm>
 
 #include "core/cuda_check.hpp"
@@ -55,7 +54,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
   const int first = blockIdx.x * warps + warp, stride = gridDim.x * warps;
   const int count = first < in.num_tokens ? (in.num_tokens - first + stride - 1) / stride : 0;
   const auto row_of = [&](int i) { return in.x + int64_t(first + i * stride) * in.x_row_bytes_stride; };
-  bool ok = *a.handle.status == 0;
+  bool ok = __shfl_sync(0xffffffffu, *a.handle.status == 0 && !team_failed(b.team), 0);  // warp-uniform
   if (ok && lane == 0 && count > 0) {
     mbarrier_expect_bytes(&loaded[warp][0], row_bytes);
     bulk_load(stages, row_of(0), row_bytes, &loaded[warp][0]);
@@ -113,21 +112,23 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
   if (lane == 0) bulk_wait_all();
 
   const uint64_t seq = *(b.at<uint64_t>(me, b.sequence) + core::kDispatchNotify);
+  // A team that failed (a wait of this rank expired) signals nothing: its rows may be incomplete, and
+  // the peers then time out themselves instead of taking them as a finished dispatch.
   if (!last_cta_signals(b, core::kDispatchDone, a.blocks_done, [] {})) return;
-  if (!wait_for_every_rank(b, core::kDispatchDone, seq, transport::WaitPhase::ht_dispatch_done) || !a.copy_src_idx) {
-    return;
-  }
-  const int32_t num_recv = a.handle.recv_begin[R];
-  const int32_t* src_idx = b.at<int32_t>(me, b.recv_src_idx);
-  for (int i = threadIdx.x; i < num_recv; i += blockDim.x) a.handle.recv_src_idx[i] = src_idx[i];
+  wait_for_every_rank(b, core::kDispatchDone, seq, transport::WaitPhase::ht_dispatch_done);
 }
 
 }  // namespace
 
+static_assert(std::size_t(kStages) * 2 * kMaxHidden <= kStageBudget, "a BF16 row of kMaxHidden must fit the stages");
+
+void prepare_kernels() {
+  detail::check_cuda(
+      cudaFuncSetAttribute(dispatch_send_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStageBudget)),
+      "cudaFuncSetAttribute(dispatch_send_kernel)");
+}
+
 void launch_dispatch_send(const SendArgs& args, int num_blocks, cudaStream_t stream) {
-  static const cudaError_t raised =
-      cudaFuncSetAttribute(dispatch_send_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStageBudget));
-  detail::check_cuda(raised, "cudaFuncSetAttribute(dispatch_send_kernel)");
   const std::size_t per_warp = std::size_t(kStages) * args.tokens.x_row_bytes;
   const int warps = int(std::max<std::size_t>(1, std::min<std::size_t>(kMaxWarps, kStageBudget / per_warp)));
   dispatch_send_kernel<<<num_blocks, warps * kWarp, warps * per_warp, stream>>>(args);

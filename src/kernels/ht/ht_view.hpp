@@ -47,7 +47,6 @@ struct HandleView {
   int32_t* send_pos;         // [T][R]: index of token t among this rank's tokens for rank r, -1 if not sent
   int32_t* send_begin;       // [R]: first row of this rank's rows on rank r
   int32_t* recv_begin;       // [R + 1]: rows from source s are [recv_begin[s], recv_begin[s + 1]); [R] = N
-  int32_t* recv_src_idx;     // [R * T_max]: source token of each received row
   int32_t* expert_counts;    // [E_local]: received rows per local expert, aligned
   int32_t* rank_counts;      // [R]: this rank's tokens per destination rank (layout)
   int32_t* expert_partials;  // [ceil(T / kLayoutTokensPerCta)][E]: tokens per expert of each layout CTA's tokens
@@ -67,7 +66,8 @@ struct HostMailbox {
   int32_t num_recv;          // N
   int32_t failed_rank;       // sticky: -1, or the first rank whose input was invalid (nothing was sent)
   int32_t overflow;          // sticky: 0, or N of a worst-case call whose N exceeded num_worst_tokens
-  InputError input;          // sticky: this rank's invalid input, if any (from the layout kernels)
+  InputError input;          // sticky: this rank's invalid input to a dispatch, if any
+  InputError layout_input;   // sticky: an invalid input to get_layout
   int32_t expert_counts[1];  // [E_local], allocated to size
 };
 

@@ -17,6 +17,12 @@ struct LayoutOutputs {
   InputError* error = nullptr;             // first invalid expert id, or null
 };
 
+// Sets what the kernels need before their first launch (shared-memory limits); once per process.
+void prepare_kernels();
+
+// The largest hidden size: a BF16 row must fit dispatch_send's shared-memory stages.
+constexpr int kMaxHidden = 16384;
+
 // Counts tokens per rank and per expert, and each token's position among the tokens for each rank.
 // Expert counts go either to expert_token_counts (zero on entry, accumulated with atomics) or, with
 // no zeroing needed, as per-CTA rows to expert_partials. num_experts <= kMaxLayoutExperts.
@@ -43,7 +49,6 @@ struct SendArgs {
   BufferView buffer;
   HandleView handle;
   TokensView tokens;
-  bool copy_src_idx;      // fill handle.recv_src_idx (not in the cached form: the handle has them)
   uint32_t* blocks_done;  // private counter of finished CTAs (zero between calls)
 };
 // Writes every row into its receivers' final place, then signals; waits for every source's rows.

@@ -10,6 +10,11 @@
 
 namespace epx::kernels::ht {
 
+// Whether a wait of this rank's team has expired (then its kernels stop and signal nothing more).
+__device__ inline bool team_failed(const transport::TeamView& team) {
+  return transport::load_relaxed_sys(&team.report->claimed) != 0u;
+}
+
 // The whole CTA waits (acquire) until this rank's flag[kind][r] >= seq for every rank r; thread r waits
 // for rank r. Returns false on every thread when a wait expired (the team is failed).
 __device__ inline bool wait_for_every_rank(const BufferView& b, int kind, uint64_t seq, transport::WaitPhase phase) {
@@ -25,6 +30,7 @@ __device__ inline bool wait_for_every_rank(const BufferView& b, int kind, uint64
 // gridDim.x is the last: it resets the counter, runs `before_signal` (thread 0), fences again and adds
 // 1 to flag[kind][me] on every rank (release). The fences chain every CTA's stores before those
 // releases. Returns true on every thread of the last CTA.
+// A team whose wait expired on this rank signals nothing (see team_failed); then no CTA is "last".
 template <typename BeforeSignal>
 __device__ bool last_cta_signals(const BufferView& b, int kind, uint32_t* blocks_done, BeforeSignal before_signal) {
   __shared__ bool last;
@@ -36,7 +42,10 @@ __device__ bool last_cta_signals(const BufferView& b, int kind, uint32_t* blocks
       *blocks_done = 0;
       before_signal();
       __threadfence_system();
-      for (int r = 0; r < b.team.nranks; ++r) transport::add_release_sys(b.flag(r, kind, b.team.rank), 1);
+      last = !team_failed(b.team);
+      for (int r = 0; last && r < b.team.nranks; ++r) {
+        transport::add_release_sys(b.flag(r, kind, b.team.rank), 1);
+      }
     }
   }
   __syncthreads();
