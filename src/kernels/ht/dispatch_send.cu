@@ -46,15 +46,19 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
   __shared__ int32_t rows_of[kMaxWarps][kMaxRanks];
   uint8_t* stages = stage_memory + std::size_t(warp) * kStages * row_bytes;
   int32_t* rows = rows_of[warp];
+  // One thread reads the status and the (host-mapped) failure flag for the whole CTA: thousands of
+  // threads each reading host memory at once cost tens of microseconds (measured: +34 us BF16).
+  __shared__ bool go;
+  if (threadIdx.x == 0) go = *a.handle.status == 0 && !team_failed(b.team);
   if (lane == 0) {
     for (int s = 0; s < kStages; ++s) mbarrier_init(&loaded[warp][s], 1);
   }
-  __syncwarp();
+  __syncthreads();
 
   const int first = blockIdx.x * warps + warp, stride = gridDim.x * warps;
   const int count = first < in.num_tokens ? (in.num_tokens - first + stride - 1) / stride : 0;
   const auto row_of = [&](int i) { return in.x + int64_t(first + i * stride) * in.x_row_bytes_stride; };
-  bool ok = __shfl_sync(0xffffffffu, *a.handle.status == 0 && !team_failed(b.team), 0);  // warp-uniform
+  bool ok = go;
   if (ok && lane == 0 && count > 0) {
     mbarrier_expect_bytes(&loaded[warp][0], row_bytes);
     bulk_load(stages, row_of(0), row_bytes, &loaded[warp][0]);
