@@ -170,23 +170,32 @@ Start start(int /*argc*/, char** argv, const Options& options) {
     return result;
   }
   const std::string id_hex = encode_unique_id(Team::make_unique_id());
+  std::vector<std::string> command;
+  for (char** a = argv; *a != nullptr; ++a) command.emplace_back(*a);
+  result.role = Role::launcher;
+  result.exit_code = run_ranks("/proc/self/exe", command, devices, id_hex, options.grace);
+  return result;
+}
+
+int run_ranks(const std::string& program, const std::vector<std::string>& argv, int ranks, const std::string& id_hex,
+              std::chrono::seconds grace) {
+  std::vector<std::string> arguments = argv;
+  std::vector<char*> args = pointers_to(arguments);
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> children;
-  for (int r = 0; r < devices; ++r) {
-    std::vector<std::string> environment = child_environment(r, devices, id_hex);
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<std::string> environment = child_environment(r, ranks, id_hex);
     std::vector<char*> envp = pointers_to(environment);
     const pid_t pid = fork();
     if (pid < 0) detail::fail(ErrorKind::system, std::string("fork failed: ") + std::strerror(errno));
     if (pid == 0) {
-      execve("/proc/self/exe", argv, envp.data());
+      execve(program.c_str(), args.data(), envp.data());
       _exit(127);  // exec failed; the launcher reports status 127 for this rank
     }
     children.push_back(pid);
   }
-  result.role = Role::launcher;
-  result.exit_code = wait_for_children(std::move(children), options.grace);
-  return result;
+  return wait_for_children(std::move(children), grace);
 }
 
 std::unique_ptr<Team> make_team(const RankInfo& rank, const TeamOptions& options) {

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "epx/team.hpp"
 
@@ -45,6 +46,13 @@ struct Options {
 };
 
 Start start(int argc, char** argv, const Options& options = {});
+
+// Case 3's mechanics (exposed for tests): runs `program` with `argv` (argv[0] first) as ranks
+// 0 .. ranks-1, each with the launcher's variables in its environment, and returns their combined exit
+// status: 0, or the first failure's (128 + signal for a signal); after a failure the others get
+// `grace`, then SIGKILL.
+int run_ranks(const std::string& program, const std::vector<std::string>& argv, int ranks, const std::string& id_hex,
+              std::chrono::seconds grace);
 
 // The NCCL team of this rank (sets the CUDA device to rank.local_rank first). Collective.
 std::unique_ptr<Team> make_team(const RankInfo& rank, const TeamOptions& options = {});

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
 
@@ -72,6 +73,30 @@ TEST_F(TorchrunEnvironment, RejectsGarbage) {
   RankInfo info;
   EXPECT_THROW(read_torchrun_environment(info), Error);
 }
+
+// The launcher's process handling, with /bin/sh standing in for a rank.
+const std::string kShell = "/bin/sh";
+int run_shell(const std::string& script, int ranks, std::chrono::seconds grace = std::chrono::seconds(30)) {
+  return run_ranks(kShell, {kShell, "-c", script}, ranks, "ab", grace);
+}
+
+TEST(RunRanks, AllSucceed) { EXPECT_EQ(run_shell("exit 0", 3), 0); }
+
+TEST(RunRanks, EveryRankSeesItsRankTheWorldAndTheId) {
+  EXPECT_EQ(run_shell("[ \"$EPX_LAUNCH_WORLD_SIZE\" = 4 ] && [ \"$EPX_LAUNCH_UNIQUE_ID\" = ab ] && "
+                      "[ \"$EPX_LAUNCH_RANK\" -ge 0 ] && [ \"$EPX_LAUNCH_RANK\" -lt 4 ]",
+                      4),
+            0);
+}
+
+TEST(RunRanks, AFailureIsReportedAndTheOthersAreKilledAfterTheGrace) {
+  const auto start = std::chrono::steady_clock::now();
+  // Rank 1 fails at once; rank 0 would sleep for a minute.
+  EXPECT_EQ(run_shell("if [ \"$EPX_LAUNCH_RANK\" = 1 ]; then exit 3; fi; exec sleep 60", 2, std::chrono::seconds(1)), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(RunRanks, ASignalCountsAsAFailure) { EXPECT_EQ(run_shell("kill -9 $$", 1), 128 + 9); }
 
 TEST(UniqueIdHex, RoundTrips) {
   UniqueId id;
