@@ -92,7 +92,8 @@ TEST(RunRanks, EveryRankSeesItsRankTheWorldAndTheId) {
 TEST(RunRanks, AFailureIsReportedAndTheOthersAreKilledAfterTheGrace) {
   const auto start = std::chrono::steady_clock::now();
   // Rank 1 fails at once; rank 0 would sleep for a minute.
-  EXPECT_EQ(run_shell("if [ \"$EPX_LAUNCH_RANK\" = 1 ]; then exit 3; fi; exec sleep 60", 2, std::chrono::seconds(1)), 3);
+  EXPECT_EQ(run_shell("if [ \"$EPX_LAUNCH_RANK\" = 1 ]; then exit 3; fi; exec sleep 60", 2, std::chrono::seconds(1)),
+            3);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
