@@ -85,9 +85,6 @@ kh::BufferView HtBuffer::Impl::view() const {
   v.recv_topk_weights = areas.recv_topk_weights;
   v.combine_input = areas.combine_input;
   v.combine_input_weights = areas.combine_input_weights;
-  v.max_tokens = options.max_tokens_per_rank;
-  v.hidden = options.hidden;
-  v.max_topk = options.max_topk;
   v.num_experts = options.num_experts;
   return v;
 }
@@ -417,11 +414,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   } else {
     result.num_rows = args.num_worst_tokens;
   }
-  if (fresh) {
-    fresh->num_rows = result.num_rows;
-    fresh->num_recv = result.num_recv_tokens;
-    fresh->expert_counts_host = result.num_recv_tokens_per_expert_host;
-  }
+  if (fresh) fresh->num_rows = result.num_rows;
   char* base = static_cast<char*>(im.memory.local());
   const int64_t rows = result.num_rows;
   result.recv_x = TensorRef::matrix(base + im.areas.recv_x, args.x.type, rows, H);

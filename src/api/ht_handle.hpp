@@ -57,12 +57,10 @@ class HtHandle {
   HtHandle(const HtHandle&) = delete;
   HtHandle& operator=(const HtHandle&) = delete;
 
-  int num_tokens;                           // T of the dispatch
-  int topk;                                 // K of the dispatch
-  int expert_alignment;                     // of the dispatch; a cached dispatch must use the same
-  int64_t num_rows = 0;                     // rows of the dispatch outputs (N, or num_worst_tokens)
-  int64_t num_recv = -1;                    // N when the host learnt it
-  std::vector<int32_t> expert_counts_host;  // when N is known
+  int num_tokens;        // T of the dispatch
+  int topk;              // K of the dispatch
+  int expert_alignment;  // of the dispatch; a cached dispatch must use the same
+  int64_t num_rows = 0;  // rows of the dispatch outputs (N, or num_worst_tokens)
   const kernels::ht::HandleView& view() const { return block_->view; }
   void mark_use(cudaStream_t stream) const { HtHandlePool::mark_use(block_, stream); }
   // The pool of the buffer that made it (the handle keeps it alive, so the address identifies the buffer).

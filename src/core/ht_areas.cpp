@@ -16,9 +16,7 @@ std::size_t take(std::size_t& cursor, std::size_t bytes) {
 HtAreas ht_areas(const HtBufferOptions& o, int num_ranks) {
   HtAreas a;
   a.num_ranks = num_ranks;
-  a.max_tokens = o.max_tokens_per_rank;
   a.hidden = o.hidden;
-  a.max_topk = o.max_topk;
   a.num_experts = o.num_experts;
   a.recv_rows = int64_t(num_ranks) * o.max_tokens_per_rank;
   a.x_row_bytes = std::size_t(o.hidden) * 2;

@@ -27,12 +27,10 @@ enum HtFlag : int {
 
 struct HtAreas {
   int num_ranks = 0;
-  int max_tokens = 0;  // T_max
   int hidden = 0;
-  int max_topk = 0;
   int num_experts = 0;
   int64_t recv_rows = 0;        // R * T_max
-  std::size_t x_row_bytes = 0;  // H * 2: a BF16 row; an FP8 row uses the first half
+  std::size_t x_row_bytes = 0;  // H * 2: the widest (BF16) row; received rows are dense in the dtype of x
 
   // Offsets in the symmetric allocation.
   std::size_t notify_counts = 0;  // int32 [R source][R + 1]: source's tokens per destination rank, then its status

@@ -6,7 +6,6 @@
 namespace epx::kernels::ht {
 
 constexpr int kWarp = 32;
-constexpr int kCopyUnroll = 4;  // 16-byte loads in flight per lane before the first store
 
 // A read-once load that bypasses L1 (inputs are streamed, never re-read by this CTA).
 __device__ __forceinline__ int4 load_stream(const int4* p) {

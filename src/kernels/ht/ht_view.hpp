@@ -15,7 +15,7 @@ struct BufferView {
   uint64_t notify_counts, notify_expert_counts, flags, sequence;
   uint64_t recv_x, recv_scales, recv_src_idx, recv_topk_idx, recv_topk_weights;
   uint64_t combine_input, combine_input_weights;
-  int32_t max_tokens, hidden, max_topk, num_experts;
+  int32_t num_experts;
 
   template <typename T>
   __host__ __device__ T* at(int rank, uint64_t offset) const {

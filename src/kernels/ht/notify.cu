@@ -30,22 +30,23 @@ constexpr int kThreads = 512;
 __device__ void count_exchange_results(const NotifyArgs& a) {
   const BufferView& b = a.buffer;
   const int R = b.team.nranks, me = b.team.rank, E_local = b.experts_per_rank();
-  const int32_t* counts = b.at<int32_t>(me, b.notify_counts);  // [s][R + 1]
+  const int stride = b.notify_stride();
+  const int32_t* counts = b.at<int32_t>(me, b.notify_counts);  // [s][stride]
   __shared__ int32_t failed_rank;
   if (threadIdx.x == 0) {  // R <= 72: a few thousand additions at most
     failed_rank = -1;
     for (int s = 0; s < R && failed_rank < 0; ++s) {
-      if (counts[s * (R + 1) + R] != 0) failed_rank = s;
+      if (counts[s * stride + R] != 0) failed_rank = s;
     }
     int32_t begin = 0;
     for (int s = 0; s < R; ++s) {
       a.handle.recv_begin[s] = begin;
-      begin += failed_rank < 0 ? counts[s * (R + 1) + me] : 0;
+      begin += failed_rank < 0 ? counts[s * stride + me] : 0;
     }
     a.handle.recv_begin[R] = begin;
     for (int d = 0; d < R; ++d) {
       int32_t before = 0;
-      for (int s = 0; s < me; ++s) before += counts[s * (R + 1) + d];
+      for (int s = 0; s < me; ++s) before += counts[s * stride + d];
       a.handle.send_begin[d] = before;
     }
     *a.handle.status = failed_rank < 0 ? 0 : 1 + failed_rank;
@@ -96,9 +97,10 @@ __global__ void __launch_bounds__(kThreads) notify_kernel(NotifyArgs a) {
 
   if (!a.cached) {
     const int layout_ctas = (a.num_tokens + kLayoutTokensPerCta - 1) / kLayoutTokensPerCta;
-    for (int i = threadIdx.x; i < R * (R + 1); i += blockDim.x) {
-      const int d = i / (R + 1), j = i % (R + 1);
-      b.at<int32_t>(d, b.notify_counts)[me * (R + 1) + j] = j < R ? a.handle.rank_counts[j] : status;
+    const int stride = b.notify_stride();
+    for (int i = threadIdx.x; i < R * stride; i += blockDim.x) {
+      const int d = i / stride, j = i % stride;
+      b.at<int32_t>(d, b.notify_counts)[me * stride + j] = j < R ? a.handle.rank_counts[j] : status;
     }
     for (int i = threadIdx.x; i < R * E_local; i += blockDim.x) {
       const int d = i / E_local, j = i % E_local;

@@ -29,15 +29,6 @@ struct NvlinkPut {
     __syncthreads();  // orders every thread's stores before thread 0's release
     if (threadIdx.x == 0) add_release_sys(remote_signal, add);
   }
-
-  // The whole warp copies, then lane 0 signals. Every lane of the warp must call it.
-  __device__ static void put_signal_warp(void* dst, const void* src, std::size_t bytes, uint64_t* remote_signal,
-                                         uint64_t add) {
-    const int lane = threadIdx.x % 32;
-    copy(dst, src, bytes, lane, 32);
-    __syncwarp();  // orders every lane's stores before lane 0's release
-    if (lane == 0) add_release_sys(remote_signal, add);
-  }
 };
 
 }  // namespace epx::transport
