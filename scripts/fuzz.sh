@@ -18,7 +18,7 @@ cuda_include="${CUDA_HOME:-/usr/local/cuda}/include"
 out=build-fuzz
 mkdir -p "$out/corpus"
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I include -I src -I "$cuda_include" \
+  -I include -I src -I tests -I "$cuda_include" \
   tests/fuzz/host_inputs_fuzzer.cpp src/core/validate.cpp src/core/ht_areas.cpp src/core/tensor.cpp src/core/error.cpp \
   -o "$out/host_inputs_fuzzer"
 "$out/host_inputs_fuzzer" -max_total_time="$seconds" -print_final_stats=1 "$out/corpus" 2>&1 | tail -n 12

@@ -10,6 +10,7 @@
 #include "core/ht_areas.hpp"
 #include "core/validate.hpp"
 #include "epx/error.hpp"
+#include "support/ht_areas_invariants.hpp"
 
 namespace {
 
@@ -74,30 +75,7 @@ void fuzz_ht_areas(Reader& in) {
   o.max_topk = 1 + in.next<uint8_t>() % 32;
   const int R = 1 + in.next<uint8_t>() % epx::kMaxNvlinkRanks;
   o.num_experts = R * (1 + in.next<uint8_t>() % 64);
-  const epx::core::HtAreas a = epx::core::ht_areas(o, R);
-  const std::size_t order[] = {a.notify_counts,
-                               a.notify_expert_counts,
-                               a.flags,
-                               a.sequence,
-                               a.recv_x,
-                               a.recv_scales,
-                               a.recv_src_idx,
-                               a.recv_topk_idx,
-                               a.recv_topk_weights,
-                               a.combine_input,
-                               a.combine_input_weights,
-                               a.total};
-  for (std::size_t i = 0; i + 1 < sizeof(order) / sizeof(order[0]); ++i) {
-    require(order[i] % 128 == 0);
-    require(order[i] < order[i + 1]);
-  }
-  const std::size_t rows = std::size_t(R) * o.max_tokens_per_rank;
-  require(a.recv_rows == int64_t(rows));
-  require(a.notify_expert_counts - a.notify_counts >= sizeof(int32_t) * R * (R + 1));
-  require(a.recv_scales - a.recv_x >= rows * o.hidden * 2);
-  require(a.recv_topk_weights - a.recv_topk_idx >= rows * o.max_topk * sizeof(int64_t));
-  require(a.combine_input_weights - a.combine_input >= rows * o.hidden * 2);
-  require(a.total - a.combine_input_weights >= rows * o.max_topk * sizeof(float));
+  require(epx::test::broken_ht_areas_invariant(epx::core::ht_areas(o, R), o, R).empty());
 }
 
 }  // namespace
