@@ -18,19 +18,6 @@ namespace {
 
 const HtCase kCase{0, 256, 2048, 8, 64, Routing::uniform, 0.1, false, false, false, 1, "modes"};
 
-// Runs `body(team, stream)` on every rank: the world team when `single_gpu_ranks` is 0.
-template <typename Body>
-void on_ranks(int single_gpu_ranks, Body body) {
-  if (single_gpu_ranks > 0) {
-    on_single_gpu_team(single_gpu_ranks, TeamOptions{}, body);
-    return;
-  }
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  body(world_team(), stream);
-  cudaStreamDestroy(stream);
-}
-
 void async_round(const std::vector<Expected>& expected, Team& team, cudaStream_t stream) {
   const int rank = team.rank();
   const Expected& x = expected[0];

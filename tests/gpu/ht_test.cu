@@ -97,19 +97,9 @@ class HtExchange : public ::testing::TestWithParam<HtCase> {};
 TEST_P(HtExchange, MatchesReference) {
   const HtCase& c = GetParam();
   const uint32_t seed = uint32_t(std::hash<std::string>{}(c.name));
-  if (c.single_gpu_ranks == 0) {
-    EPX_REQUIRE_WORLD_SIZE(2);
-    Team& team = world_team();
-    const Expected x = build_expected(c, team.size(), seed);
-    cudaStream_t stream;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    run_rank(c, x, team, stream);
-    cudaStreamDestroy(stream);
-    return;
-  }
-  const Expected x = build_expected(c, c.single_gpu_ranks, seed);
-  on_single_gpu_team(c.single_gpu_ranks, TeamOptions{},
-                     [&](Team& team, cudaStream_t stream) { run_rank(c, x, team, stream); });
+  if (c.single_gpu_ranks == 0) EPX_REQUIRE_WORLD_SIZE(2);
+  const Expected x = build_expected(c, c.single_gpu_ranks == 0 ? rank_info().world_size : c.single_gpu_ranks, seed);
+  on_ranks(c.single_gpu_ranks, [&](Team& team, cudaStream_t stream) { run_rank(c, x, team, stream); });
 }
 
 std::vector<HtCase> cases() {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "epx/team.hpp"
+#include "gpu_test_env.hpp"
 
 namespace epx::test {
 
@@ -38,6 +39,20 @@ void on_single_gpu_team(int nranks, const TeamOptions& options, Body body) {
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// Runs `body(team, stream)` on every rank: of the world team (one process per GPU) when
+// `single_gpu_ranks` is 0, else of a single-GPU team of that many ranks.
+template <typename Body>
+void on_ranks(int single_gpu_ranks, Body body) {
+  if (single_gpu_ranks > 0) {
+    on_single_gpu_team(single_gpu_ranks, TeamOptions{}, body);
+    return;
+  }
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  body(world_team(), stream);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace epx::test
