@@ -52,7 +52,8 @@ struct HtBuffer::Impl {
   Impl(Team& t, const HtBufferOptions& o, const HtConfig& c) : team(t), options(o), config(c) {}
   ~Impl();
 
-  kh::BufferView view() const;
+  kh::BufferView make_view() const;
+  kh::BufferView view{};  // what the kernels see of this buffer: fixed once the buffer exists
   cudaStream_t begin(const HtStreams& streams);
   cudaEvent_t end(const HtStreams& streams, cudaStream_t stream);
   void report_recorded_errors();
@@ -70,7 +71,7 @@ HtBuffer::Impl::~Impl() {
   cudaFree(combine_out_weights);
 }
 
-kh::BufferView HtBuffer::Impl::view() const {
+kh::BufferView HtBuffer::Impl::make_view() const {
   kh::BufferView v{};
   v.team = team.impl().view();
   v.base = team.impl().symmetric_view(memory);
@@ -246,6 +247,7 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   impl_->handles =
       std::make_shared<HtHandlePool>(R, options.max_tokens_per_rank, options.num_experts, options.handle_blocks);
   check_cuda(cudaEventCreateWithFlags(&impl_->last_call, cudaEventDisableTiming), "cudaEventCreate");
+  impl_->view = impl_->make_view();
 }
 
 HtBuffer::~HtBuffer() = default;
@@ -372,7 +374,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
     kh::launch_layout(args.topk_idx.data, args.topk_idx.type == ScalarType::int64, args.topk_idx.row_stride, int(T),
                       int(K), R, im.options.num_experts, outputs, stream);
   }
-  const kh::BufferView view = im.view();
+  const kh::BufferView& view = im.view;
   const uint32_t ticket = ++im.next_ticket;
   kh::NotifyArgs notify{view,
                         handle->view(),
@@ -473,7 +475,7 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
         "cudaMemcpy2DAsync(weights into the combine input)");
   }
   kh::CombineArgs c{};
-  c.buffer = im.view();
+  c.buffer = im.view;
   c.handle = handle.view();
   c.bias = static_cast<const uint16_t*>(args.bias.data);
   c.bias_row_stride = args.bias.row_stride;
