@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "epx/export.hpp"
+#include "epx/streams.hpp"
 #include "epx/team.hpp"
 #include "epx/tensor.hpp"
 
@@ -54,15 +55,8 @@ struct HtConfig {
 };
 EPX_API HtConfig default_ht_config(int num_ranks);
 
-// Where a call runs. By default on `stream`. With async = true it runs on the buffer's own
-// communication stream after waiting for `stream` (or for `previous_event` if given), and
-// `finished` is recorded on the communication stream: the caller waits on it before using the outputs,
-// and destroys it (cudaEventDestroy) when done. `previous_event` stays the caller's.
-struct HtStreams {
-  cudaStream_t stream = nullptr;
-  bool async = false;
-  cudaEvent_t previous_event = nullptr;
-};
+// Where a call runs (see Streams).
+using HtStreams = Streams;
 
 class HtHandle;
 

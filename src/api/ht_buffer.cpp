@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "api/call_order.hpp"
 #include "api/ht_handle.hpp"
 #include "core/cuda_check.hpp"
 #include "core/ht_areas.hpp"
@@ -36,7 +37,7 @@ struct HtBuffer::Impl {
   HtConfig config;
   core::HtAreas areas;
   SymmetricMemory memory;
-  cudaStream_t comm_stream = nullptr;
+  api::CallOrder calls;
   kh::HostMailbox* mailbox = nullptr;  // host-mapped
   kh::HostMailbox* mailbox_device = nullptr;
   uint32_t next_ticket = 0;
@@ -45,26 +46,20 @@ struct HtBuffer::Impl {
   float* combine_out_weights = nullptr;  // [T_max][K_max]
   std::size_t private_bytes = 0;
   std::shared_ptr<HtHandlePool> handles;
-  cudaEvent_t last_call = nullptr;  // recorded by every call outside graph capture; the next one waits on it
-  bool capturing = false;           // the current call's stream is being captured
   int sm_count = 0;
 
-  Impl(Team& t, const HtBufferOptions& o, const HtConfig& c) : team(t), options(o), config(c) {}
+  Impl(Team& t, const HtBufferOptions& o, const HtConfig& c) : team(t), options(o), config(c), calls(t) {}
   ~Impl();
 
   kh::BufferView make_view() const;
   kh::BufferView view{};  // what the kernels see of this buffer: fixed once the buffer exists
-  cudaStream_t begin(const HtStreams& streams);
-  cudaEvent_t end(const HtStreams& streams, cudaStream_t stream);
   void report_recorded_errors();
   void wait_for_ticket(uint32_t ticket, cudaStream_t stream);
   void validate_config(const HtConfig& c) const;
 };
 
 HtBuffer::Impl::~Impl() {
-  if (last_call != nullptr) cudaEventDestroy(last_call);
   // Handles the caller still holds keep the pool (and their blocks) alive; this buffer's part ends here.
-  if (comm_stream != nullptr) cudaStreamDestroy(comm_stream);
   if (mailbox != nullptr) cudaFreeHost(mailbox);
   cudaFree(blocks_done);
   cudaFree(combine_out);
@@ -98,44 +93,6 @@ void HtBuffer::Impl::validate_config(const HtConfig& c) const {
           "HtConfig::num_sms = " + std::to_string(c.num_sms) + " on a single-GPU team of " +
               std::to_string(team.size()) + " ranks needs " + std::to_string(c.num_sms * team.size()) +
               " resident CTAs; this GPU has " + std::to_string(sm_count) + " SMs");
-}
-
-// Where the kernels of one call run (see HtStreams), after the checks every call shares: the right
-// device, a team that has not failed, and the previous call on this buffer (any stream) first.
-cudaStream_t HtBuffer::Impl::begin(const HtStreams& streams) {
-  int device = -1;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  require(device == team.device(), "HT call with CUDA device " + std::to_string(device) +
-                                       " current; this rank's team is on device " + std::to_string(team.device()));
-  team.check_device_errors();  // an expired wait of an earlier call: report it now, once
-  require(!team.failed(), "HT call on a failed team (a wait expired earlier)");
-  cudaStream_t stream = streams.stream;
-  if (streams.async) {
-    cudaEvent_t ready = streams.previous_event;
-    cudaError_t status = cudaSuccess;
-    if (ready == nullptr) {
-      status = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
-      if (status == cudaSuccess) status = cudaEventRecord(ready, streams.stream);
-    }
-    if (status == cudaSuccess) status = cudaStreamWaitEvent(comm_stream, ready, 0);
-    if (streams.previous_event == nullptr && ready != nullptr) cudaEventDestroy(ready);
-    check_cuda(status, "ordering the communication stream after the caller's stream");
-    stream = comm_stream;
-  }
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
-  capturing = status != cudaStreamCaptureStatusNone;
-  if (!capturing) check_cuda(cudaStreamWaitEvent(stream, last_call, 0), "waiting for the previous call");
-  return stream;
-}
-
-cudaEvent_t HtBuffer::Impl::end(const HtStreams& streams, cudaStream_t stream) {
-  if (!capturing) check_cuda(cudaEventRecord(last_call, stream), "cudaEventRecord");
-  if (!streams.async) return nullptr;
-  cudaEvent_t finished = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&finished, cudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(cudaEventRecord(finished, stream), "cudaEventRecord");
-  return finished;
 }
 
 // Errors that kernels recorded without the host waiting for them (HostMailbox's sticky fields).
@@ -226,7 +183,6 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   kh::prepare_kernels();
   impl_->areas = core::ht_areas(options, R);
   impl_->memory = team.allocate_symmetric(impl_->areas.total);
-  check_cuda(cudaStreamCreateWithFlags(&impl_->comm_stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const int E_local = options.num_experts / R;
   const std::size_t mailbox_bytes = sizeof(kh::HostMailbox) + sizeof(int32_t) * E_local;
   void* mailbox = nullptr;
@@ -246,7 +202,6 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   impl_->private_bytes = out_bytes + out_weight_bytes + 2 * sizeof(uint32_t);
   impl_->handles =
       std::make_shared<HtHandlePool>(R, options.max_tokens_per_rank, options.num_experts, options.handle_blocks);
-  check_cuda(cudaEventCreateWithFlags(&impl_->last_call, cudaEventDisableTiming), "cudaEventCreate");
   impl_->view = impl_->make_view();
 }
 
@@ -305,7 +260,7 @@ cudaEvent_t HtBuffer::get_layout(const TensorRef& topk_idx, const HtLayout& out,
   require(out.num_tokens_per_rank != nullptr && out.num_tokens_per_expert != nullptr,
           "get_layout: num_tokens_per_rank and num_tokens_per_expert are required outputs");
   require(topk_idx.rows == 0 || out.is_token_in_rank != nullptr, "get_layout: is_token_in_rank is a required output");
-  const cudaStream_t stream = im.begin(streams);
+  const cudaStream_t stream = im.calls.begin(streams, "HT");
   kh::LayoutOutputs outputs;
   outputs.rank_counts = out.num_tokens_per_rank;
   outputs.expert_token_counts = out.num_tokens_per_expert;
@@ -315,7 +270,7 @@ cudaEvent_t HtBuffer::get_layout(const TensorRef& topk_idx, const HtLayout& out,
              "cudaMemsetAsync(num_tokens_per_expert)");
   kh::launch_layout(topk_idx.data, topk_idx.type == ScalarType::int64, topk_idx.row_stride, int(topk_idx.rows),
                     int(topk_idx.cols), im.team.size(), im.options.num_experts, outputs, stream);
-  return im.end(streams, stream);
+  return im.calls.end(streams, stream);
 }
 
 HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams& streams) {
@@ -360,7 +315,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
                 "), got " + std::to_string(args.expert_alignment));
   }
 
-  const cudaStream_t stream = im.begin(streams);
+  const cudaStream_t stream = im.calls.begin(streams, "HT");
   std::shared_ptr<HtHandle> fresh;
   const HtHandle* handle = args.cached.get();
   if (handle == nullptr) {
@@ -427,7 +382,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   result.num_recv_tokens_per_expert =
       TensorRef::vector(handle->view().expert_counts, ScalarType::int32, im.options.num_experts / R);
   result.handle = fresh ? std::shared_ptr<const HtHandle>(fresh) : args.cached;
-  result.finished = im.end(streams, stream);
+  result.finished = im.calls.end(streams, stream);
   return result;
 }
 
@@ -451,7 +406,7 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   core::check_optional_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, args.y.rows, handle.topk});
   core::check_optional_tensor(args.bias, {"bias", {ScalarType::bf16}, handle.num_tokens, H, true, 16});
 
-  const cudaStream_t stream = im.begin(streams);
+  const cudaStream_t stream = im.calls.begin(streams, "HT");
   // Combine reads y (and the weights) from the buffer's combine input; copy them there unless the
   // caller already wrote them in place (combine_input()).
   char* base = static_cast<char*>(im.memory.local());
@@ -494,7 +449,7 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
     result.topk_weights =
         TensorRef::matrix(im.combine_out_weights, ScalarType::float32, handle.num_tokens, handle.topk);
   }
-  result.finished = im.end(streams, stream);
+  result.finished = im.calls.end(streams, stream);
   return result;
 }
 

@@ -23,4 +23,14 @@ inline void check_launch(const char* kernel, std::source_location where = std::s
   check_cuda(cudaGetLastError(), kernel, where);
 }
 
+// Loads a kernel's code into the current context now. With CUDA's lazy module loading (the default),
+// the first launch of a kernel loads it, and loading waits for the kernels already running on the
+// device. On a single-GPU team those may be other ranks' kernels waiting for this rank's next launch:
+// a deadlock. Buffers load their kernels when they are made, before any collective work.
+inline void load_kernel(const void* kernel, const char* name,
+                        std::source_location where = std::source_location::current()) {
+  cudaFuncAttributes attributes{};
+  check_cuda(cudaFuncGetAttributes(&attributes, kernel), name, where);
+}
+
 }  // namespace epx::detail

@@ -128,4 +128,8 @@ void launch_combine(const CombineArgs& args, int num_blocks, cudaStream_t stream
   detail::check_launch("ht combine_pull_kernel");
 }
 
+void load_combine_kernel() {
+  detail::load_kernel(reinterpret_cast<const void*>(combine_pull_kernel), "HT combine kernel");
+}
+
 }  // namespace epx::kernels::ht

@@ -3,9 +3,9 @@
 
 #include <cstdint>
 
-namespace epx::kernels::ht {
+#include "kernels/common/grid.cuh"
 
-constexpr int kWarp = 32;
+namespace epx::kernels::ht {
 
 // A read-once load that bypasses L1 (inputs are streamed, never re-read by this CTA).
 __device__ __forceinline__ int4 load_stream(const int4* p) {

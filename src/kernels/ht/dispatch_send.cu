@@ -130,6 +130,9 @@ void prepare_kernels() {
   detail::check_cuda(
       cudaFuncSetAttribute(dispatch_send_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStageBudget)),
       "cudaFuncSetAttribute(dispatch_send_kernel)");
+  load_layout_kernel();
+  load_notify_kernel();
+  load_combine_kernel();
 }
 
 void launch_dispatch_send(const SendArgs& args, int num_blocks, cudaStream_t stream) {

@@ -17,8 +17,12 @@ struct LayoutOutputs {
   InputError* error = nullptr;             // first invalid expert id, or null
 };
 
-// Sets what the kernels need before their first launch (shared-memory limits); once per process.
+// Sets what the kernels need before their first launch (shared-memory limits) and loads every HT kernel
+// (see detail::load_kernel); call it before any rank can have an HT kernel in flight.
 void prepare_kernels();
+void load_layout_kernel();
+void load_notify_kernel();
+void load_combine_kernel();
 
 // The largest hidden size: a BF16 row must fit dispatch_send's shared-memory stages.
 constexpr int kMaxHidden = 16384;

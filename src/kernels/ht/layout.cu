@@ -93,4 +93,6 @@ void launch_layout(const void* topk_idx, bool topk_int64, int64_t topk_row_strid
   detail::check_launch("ht layout_kernel");
 }
 
+void load_layout_kernel() { detail::load_kernel(reinterpret_cast<const void*>(layout_kernel), "HT layout kernel"); }
+
 }  // namespace epx::kernels::ht

@@ -139,4 +139,6 @@ void launch_notify(const NotifyArgs& args, cudaStream_t stream) {
   detail::check_launch("ht notify_kernel");
 }
 
+void load_notify_kernel() { detail::load_kernel(reinterpret_cast<const void*>(notify_kernel), "HT notify kernel"); }
+
 }  // namespace epx::kernels::ht

@@ -1,0 +1,27 @@
+// Lays arrays out one after another in one allocation, each on a 128-byte boundary (so rows can be
+// moved with 16-byte vectors and no two arrays share a cache line).
+#pragma once
+
+#include <cstddef>
+
+namespace epx::core {
+
+class AreaCursor {
+ public:
+  static constexpr std::size_t kAlign = 128;
+
+  // The offset of a new array of `bytes`.
+  std::size_t take(std::size_t bytes) {
+    const std::size_t at = round_up(cursor_);
+    cursor_ = at + bytes;
+    return at;
+  }
+  // The allocation's size: everything taken, rounded up.
+  std::size_t end() const { return round_up(cursor_); }
+
+ private:
+  static std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+  std::size_t cursor_ = 0;
+};
+
+}  // namespace epx::core
