@@ -6,12 +6,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
-#include <type_traits>
 
+#include "bench/check.hpp"
+#include "bench/device_data.hpp"
+#include "bench/inputs.hpp"
 #include "bench/team_sync.hpp"
 #include "bench/timing.hpp"
 #include "core/cuda_check.hpp"
@@ -25,47 +26,10 @@ namespace {
 
 using detail::check_cuda;
 
-// ---- Inputs every rank can regenerate --------------------------------------------------------------
-// Every value is a pure function of (seed, rank, what, index): each rank builds every other rank's
-// inputs for the global CPU reference without any exchange, and runs repeat.
+// ---- Inputs every rank can regenerate (bench/inputs.hpp) --------------------------------------------
 
-enum class What : uint64_t { routing = 1, weights, x_bf16, x_fp8, scales };
-
-uint64_t mix(uint64_t z) {  // splitmix64's output function: a bijection that scrambles every bit
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-class Draw {
- public:
-  Draw(uint64_t seed, int rank, What what) : key_(mix(mix(seed + uint64_t(rank)) ^ mix(uint64_t(what)))) {}
-  uint64_t operator()(uint64_t index) const { return mix(key_ ^ mix(index)); }
-
- private:
-  uint64_t key_;
-};
-
-struct Routing {
-  ref::TopkIdx topk_idx;       // [T][K], K distinct experts per token
-  ref::Matrix<float> weights;  // [T][K], in (0, 1]
-};
-
-// Uniform routing: each token draws its K experts uniformly from E, redrawing repeats.
 Routing make_routing(const HtBenchOptions& o, int rank) {
-  const Draw pick(o.seed, rank, What::routing), weight(o.seed, rank, What::weights);
-  Routing r{ref::TopkIdx(o.tokens, o.topk, -1), ref::Matrix<float>(o.tokens, o.topk, 0.0f)};
-  uint64_t draws = 0;
-  for (int64_t t = 0; t < o.tokens; ++t) {
-    int64_t* row = r.topk_idx.data.data() + t * o.topk;
-    for (int k = 0; k < o.topk; ++k) {
-      do {
-        row[k] = int64_t(pick(draws++) % uint64_t(o.experts));
-      } while (std::find(row, row + k, row[k]) != row + k);
-      r.weights.data[t * o.topk + k] = float((weight(t * o.topk + k) >> 40) + 1) * 0x1p-24f;
-    }
-  }
-  return r;
+  return bench::make_routing(o.seed, rank, o.tokens, o.topk, o.experts);
 }
 
 // One rank's dispatch input. Values are never zero: BF16 with exponents 2^-4 .. 2^3, FP8 E4M3 normals
@@ -77,12 +41,7 @@ ref::HtTokens make_tokens(const HtBenchOptions& o, int rank, ref::Dtype dtype, c
   in.topk_weights = routing.weights;
   const std::size_t n = std::size_t(o.tokens) * o.hidden;
   if (dtype == ref::Dtype::bf16) {
-    const Draw draw(o.seed, rank, What::x_bf16);
-    in.x_bf16 = ref::Matrix<uint16_t>(o.tokens, o.hidden);
-    for (std::size_t i = 0; i < n; ++i) {
-      const uint64_t b = draw(i);
-      in.x_bf16.data[i] = uint16_t(((b & 1) << 15) | ((123 + (b >> 1) % 8) << 7) | ((b >> 8) & 0x7f));
-    }
+    in.x_bf16 = make_bf16_tokens(o.seed, rank, o.tokens, o.hidden);
     return in;
   }
   const Draw draw(o.seed, rank, What::x_fp8), scale(o.seed, rank, What::scales);
@@ -106,103 +65,7 @@ std::vector<ref::HtTokens> every_rank_tokens(const HtBenchOptions& o, ref::Dtype
   return tokens;
 }
 
-// ---- Device memory ---------------------------------------------------------------------------------
-
-struct CudaFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-using DeviceMemory = std::unique_ptr<void, CudaFree>;
-
-DeviceMemory device_alloc(std::size_t bytes) {
-  void* p = nullptr;
-  check_cuda(cudaMalloc(&p, std::max<std::size_t>(bytes, 16)), "cudaMalloc");
-  return DeviceMemory(p);
-}
-
-template <class T>
-DeviceMemory upload(const std::vector<T>& host, cudaStream_t stream) {
-  DeviceMemory d = device_alloc(host.size() * sizeof(T));
-  check_cuda(cudaMemcpyAsync(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream),
-             "cudaMemcpyAsync");
-  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // `host` may go away next
-  return d;
-}
-
-template <class T>
-std::vector<T> download(const TensorRef& t, cudaStream_t stream) {
-  if (element_size(t.type) != int(sizeof(T)) || (t.cols > 1 && t.col_stride != 1)) {
-    throw std::logic_error("ht bench: cannot download a " + std::string(to_string(t.type)) + " tensor this way");
-  }
-  std::vector<T> host(std::size_t(t.rows * t.cols));
-  if (!host.empty()) {
-    check_cuda(cudaMemcpy2DAsync(host.data(), t.cols * sizeof(T), t.data, t.row_stride * sizeof(T), t.cols * sizeof(T),
-                                 t.rows, cudaMemcpyDeviceToHost, stream),
-               "cudaMemcpy2DAsync");
-  }
-  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  return host;
-}
-
-// ---- Bit-exact comparison --------------------------------------------------------------------------
-
-template <class T>
-std::string show(T value) {
-  unsigned long long bits = 0;
-  std::memcpy(&bits, &value, sizeof value);
-  char text[64];
-  if constexpr (std::is_floating_point_v<T>) {
-    std::snprintf(text, sizeof text, "%g (bits 0x%llx)", double(value), bits);
-  } else {
-    std::snprintf(text, sizeof text, "%lld (0x%llx)", static_cast<long long>(value), bits);
-  }
-  return text;
-}
-
-// Compares GPU outputs with the reference bit for bit; says on stderr what differed, naming the rank.
-class Checker {
- public:
-  explicit Checker(int rank) : rank_(rank) {}
-  bool ok() const { return ok_; }
-
-  void fail(const std::string& what) {
-    std::fprintf(stderr, "epx-bench rank %d: HT %s\n", rank_, what.c_str());
-    ok_ = false;
-  }
-
-  // `cols` only locates the first difference as [row][col].
-  template <class T>
-  void equal(const std::string& what, const std::vector<T>& got, const std::vector<T>& want, int64_t cols = 1) {
-    if (got.size() != want.size()) {
-      fail(what + ": " + std::to_string(got.size()) + " elements, the reference has " + std::to_string(want.size()));
-      return;
-    }
-    if (got.empty() || std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0) return;
-    std::size_t bad = 0, first = 0;
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0 && bad++ == 0) first = i;
-    }
-    const std::size_t c = std::size_t(std::max<int64_t>(cols, 1));
-    fail(what + " differs from the CPU reference in " + std::to_string(bad) + " of " + std::to_string(got.size()) +
-         " elements; first at [" + std::to_string(first / c) + "][" + std::to_string(first % c) + "]: got " +
-         show(got[first]) + ", want " + show(want[first]));
-  }
-
- private:
-  int rank_;
-  bool ok_ = true;
-};
-
 // ---- The bench -------------------------------------------------------------------------------------
-
-struct StreamDestroy {
-  void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
-};
-
-cudaStream_t new_stream() {
-  cudaStream_t s = nullptr;
-  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  return s;
-}
 
 HtConfig config_for(const HtBenchOptions& o, int ranks) {
   HtConfig config = default_ht_config(ranks);
@@ -217,7 +80,6 @@ struct Measured {
   Timing timing;
   double nvlink_bytes, algo_bytes;
 };
-constexpr int kValuesPerRow = 5;  // what each rank contributes per row to the gather
 
 struct Received {  // one dispatch's outputs, on the host
   int64_t num_recv_tokens = 0, num_rows = 0;
@@ -280,16 +142,6 @@ std::vector<int32_t> compare_with_reference(const HtBenchOptions& o, int num_ran
   return layout.num_tokens_per_rank;
 }
 
-// Collective: throws on every rank, naming the failed ones, unless every rank's `ok` holds.
-void require_every_rank(Team& team, cudaStream_t stream, bool ok, const std::string& what) {
-  const std::vector<double> passed = all_gather(team, stream, {ok ? 1.0 : 0.0});
-  std::string failed;
-  for (int r = 0; r < team.size(); ++r) {
-    if (passed[r] == 0.0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-  }
-  if (!failed.empty()) throw std::runtime_error(what + " on rank(s) " + failed + " (details above)");
-}
-
 class HtBench {
  public:
   HtBench(Team& team, const HtBenchOptions& o)
@@ -299,7 +151,7 @@ class HtBench {
         me_(team.rank()),
         stream_(new_stream()),
         buffer_(team, HtBufferOptions{o.tokens, o.hidden, o.topk, o.experts}, config_for(o, team.size())),
-        check_(team.rank()) {}
+        check_(team.rank(), "HT") {}
 
   // Runs every op once on this rank's inputs, then compares the outputs with the global CPU reference.
   // The GPU work comes first, with no heavy CPU work in between, so that the ranks reach each collective
@@ -458,7 +310,7 @@ class HtBench {
   // config; their received rows and combined rows must equal the checked pass's bit for bit (which equal
   // the reference's, hence the Checker's wording).
   bool check_again() {
-    Checker check(me_);
+    Checker check(me_, "HT");
     const std::string at = " (num_sms " + std::to_string(buffer_.config().num_sms) + ")";
     const HtDispatchResult bf16 = buffer_.dispatch(bf16_args(), HtStreams{stream()});
     check.equal("dispatch bf16 recv_x" + at, download<uint16_t>(bf16.recv_x, stream()), checked_.bf16.x_bf16,
@@ -514,7 +366,7 @@ class HtBench {
   Team& team_;
   const HtBenchOptions& o_;
   int R_, me_;
-  std::unique_ptr<CUstream_st, StreamDestroy> stream_;
+  Stream stream_;
   HtBuffer buffer_;
   Checker check_;
   DeviceMemory topk_idx_, weights_, x_bf16_, x_fp8_, scales_, y_;
@@ -537,34 +389,18 @@ void validate(const HtBenchOptions& o) {
   require(o.repetitions >= 1 && o.tune_repetitions >= 1 && o.warmup >= 0, "repetitions must be >= 1");
 }
 
-// Every rank's (median, min, max, NVLink bytes, algorithm bytes) per row -> the slowest rank's row.
+// Every rank's measurements per row -> the slowest rank's row.
 std::vector<HtBenchRow> gather(Team& team, cudaStream_t stream, const std::vector<Measured>& measured) {
-  std::vector<double> mine;
-  for (const Measured& m : measured) {
-    mine.insert(mine.end(), {m.timing.median_us, m.timing.min_us, m.timing.max_us, m.nvlink_bytes, m.algo_bytes});
-  }
-  const std::vector<double> all = all_gather(team, stream, mine);
-  const std::size_t n = mine.size();
+  std::vector<RankTiming> mine;
+  for (const Measured& m : measured) mine.push_back({m.timing, m.nvlink_bytes, m.algo_bytes});
+  const std::vector<TeamTiming> timings = gather_timings(team, stream, mine);
   std::vector<HtBenchRow> rows;
   for (std::size_t i = 0; i < measured.size(); ++i) {
-    auto at = [&](int r, int field) { return all[r * n + i * kValuesPerRow + field]; };
     HtBenchRow row;
+    static_cast<TeamTiming&>(row) = timings[i];
     row.op = measured[i].op;
     row.dtype = measured[i].dtype;
     row.sms = measured[i].sms;
-    row.min_us = at(0, 1);
-    row.max_us = at(0, 2);
-    for (int r = 0; r < team.size(); ++r) {
-      row.median_us_per_rank.push_back(at(r, 0));
-      if (at(r, 0) > at(row.slowest_rank, 0)) row.slowest_rank = r;
-      row.min_us = std::min(row.min_us, at(r, 1));
-      row.max_us = std::max(row.max_us, at(r, 2));
-    }
-    row.time_us = at(row.slowest_rank, 0);
-    row.nvlink_bytes = at(row.slowest_rank, 3);
-    row.algo_bytes = at(row.slowest_rank, 4);
-    row.nvlink_gbps = row.nvlink_bytes / row.time_us / 1e3;
-    row.algo_gbps = row.algo_bytes / row.time_us / 1e3;
     row.checked = true;  // only reached when every rank's check passed
     rows.push_back(row);
   }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/team_timing.hpp"
 #include "epx/team.hpp"
 
 namespace epx::bench {
@@ -28,15 +29,10 @@ struct HtBenchOptions {
 
 // One timed op. Times are the slowest rank's: time_us is the largest per-rank median; min/max are over
 // every rank's repetitions. Bytes (per rank and direction) and GB/s are the slowest rank's too.
-struct HtBenchRow {
-  std::string op;     // layout, dispatch, dispatch_cached, combine
-  std::string dtype;  // bf16 or fp8 (x's type); int64 for layout (it reads only topk_idx)
-  int sms = 0;        // HtConfig::num_sms of the send kernels; 0 for layout (its grid is fixed)
-  double time_us = 0, min_us = 0, max_us = 0;
-  int slowest_rank = 0;
-  std::vector<double> median_us_per_rank;
-  double nvlink_bytes = 0, algo_bytes = 0;
-  double nvlink_gbps = 0, algo_gbps = 0;
+struct HtBenchRow : TeamTiming {
+  std::string op;        // layout, dispatch, dispatch_cached, combine
+  std::string dtype;     // bf16 or fp8 (x's type); int64 for layout (it reads only topk_idx)
+  int sms = 0;           // HtConfig::num_sms of the send kernels; 0 for layout (its grid is fixed)
   bool checked = false;  // every rank's outputs equalled the CPU reference
 };
 

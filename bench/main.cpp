@@ -3,6 +3,7 @@
 // JSON of DESIGN.md §3.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "bench/ht_bench.hpp"
 #include "bench/json_writer.hpp"
 #include "bench/limits.hpp"
+#include "bench/ll_bench.hpp"
 #include "epx/version.hpp"
 #include "launcher/launcher.hpp"
 
@@ -26,21 +28,33 @@ struct Args {
   std::string commit;
   int timeout_ms = 5000;
   bool skip_ht = false;
+  bool skip_ll = false;
   HtBenchOptions ht;
+  LlBenchOptions ll;
 };
 
 void usage() {
+  const HtBenchOptions ht;
+  const LlBenchOptions ll;
   std::printf(
       "usage: epx-bench [--json FILE] [--device-kind NAME] [--commit SHA] [--timeout-ms N]\n"
-      "                 [--skip-ht] [--ht-sms N] [--ht-tune] [--tokens T] [--hidden H] [--topk K] [--experts E]\n"
+      "                 [--skip-ht] [--ht-sms N] [--ht-tune] [--tokens T]\n"
+      "                 [--skip-ll] [--ll-sms N] [--ll-tune] [--ll-tokens T]\n"
+      "                 [--hidden H] [--topk K] [--experts E]\n"
       "  Runs on every local GPU, one process each (or as one rank under torchrun-style RANK/WORLD_SIZE/\n"
-      "  LOCAL_RANK/MASTER_ADDR/MASTER_PORT), measures the NVLink limits, then the HT layout, dispatch and\n"
-      "  combine (T tokens per rank, default %d; H %d; top-%d of %d experts; --ht-sms: HtConfig::num_sms,\n"
-      "  default the library's), each checked against the CPU reference, and writes FILE (default %s).\n"
-      "  --ht-tune: then times dispatch BF16/FP8 and combine per num_sms (8..32, %d repetitions each), each\n"
-      "  setting's outputs compared with the checked ones, and adds ht_tuning and ht_best_sms to FILE.\n",
-      HtBenchOptions{}.tokens, HtBenchOptions{}.hidden, HtBenchOptions{}.topk, HtBenchOptions{}.experts,
-      Args{}.json_path.c_str(), HtBenchOptions{}.tune_repetitions);
+      "  LOCAL_RANK/MASTER_ADDR/MASTER_PORT), measures the NVLink limits, then the HT and LL ops, each\n"
+      "  checked against the CPU reference before it is timed, and writes FILE (default %s).\n"
+      "  Shape (both modes): H %d, top-%d of %d experts, uniform routing.\n"
+      "  HT: layout, dispatch BF16/FP8 and combine with T tokens per rank (--tokens, default %d);\n"
+      "  --ht-sms: HtConfig::num_sms (default the library's). --ht-tune: then times dispatch BF16/FP8\n"
+      "  and combine per num_sms (8..32, %d repetitions each), each setting's outputs compared with the\n"
+      "  checked ones, and adds ht_tuning and ht_best_sms to FILE.\n"
+      "  LL: dispatch FP8/BF16, combine (local and naive order) and dispatch + combine, T tokens per rank\n"
+      "  (--ll-tokens, default %d; also the buffer's T_max), each one call captured in a CUDA graph and\n"
+      "  replayed %d times; --ll-sms: LlConfig::num_sms (default the library's). --ll-tune: then times\n"
+      "  dispatch FP8 and combine (local) per num_sms (16..132, up to the SM count), each setting checked\n"
+      "  again, and adds ll_tuning and ll_best_sms to FILE.\n",
+      Args{}.json_path.c_str(), ht.hidden, ht.topk, ht.experts, ht.tokens, ht.tune_repetitions, ll.tokens, ll.replays);
 }
 
 Args parse(int argc, char** argv) {
@@ -81,12 +95,20 @@ Args parse(int argc, char** argv) {
       args.ht.tune = true;
     else if (a == "--tokens")
       args.ht.tokens = number();
+    else if (a == "--skip-ll")
+      args.skip_ll = true;
+    else if (a == "--ll-sms")
+      args.ll.num_sms = number();
+    else if (a == "--ll-tune")
+      args.ll.tune = true;
+    else if (a == "--ll-tokens")
+      args.ll.tokens = number();
     else if (a == "--hidden")
-      args.ht.hidden = number();
+      args.ht.hidden = args.ll.hidden = number();
     else if (a == "--topk")
-      args.ht.topk = number();
+      args.ht.topk = args.ll.topk = number();
     else if (a == "--experts")
-      args.ht.experts = number();
+      args.ht.experts = args.ll.experts = number();
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -112,6 +134,21 @@ std::string device_description(int ranks) {
   return std::to_string(ranks) + "x " + prop.name;
 }
 
+// The fields every timed row has (HT and LL rows alike), after time_us.
+template <typename Row>
+void write_timing(JsonWriter& j, const Row& row) {
+  j.field("min_us", row.min_us).field("max_us", row.max_us).field("slowest_rank", row.slowest_rank);
+  j.begin_array("median_us_per_rank");
+  for (double us : row.median_us_per_rank) j.field(nullptr, us);
+  j.end_array()
+      .field("sms", row.sms)
+      .field("nvlink_gbps", row.nvlink_gbps)
+      .field("algo_gbps", row.algo_gbps)
+      .field("nvlink_bytes", row.nvlink_bytes)
+      .field("algo_bytes", row.algo_bytes)
+      .field("checked", row.checked);
+}
+
 void write_ht_rows(JsonWriter& j, const HtBenchResult& ht) {
   for (const HtBenchRow& row : ht.rows) {
     j.begin_object()
@@ -123,21 +160,10 @@ void write_ht_rows(JsonWriter& j, const HtBenchResult& ht) {
         .field("hidden", ht.hidden)
         .field("topk", ht.topk)
         .field("experts", ht.experts)
-        .field("time_us", row.time_us)
-        .field("min_us", row.min_us)
-        .field("max_us", row.max_us)
-        .field("slowest_rank", row.slowest_rank);
-    j.begin_array("median_us_per_rank");
-    for (double us : row.median_us_per_rank) j.field(nullptr, us);
-    j.end_array()
-        .field("repetitions", ht.repetitions)
-        .field("sms", row.sms)
-        .field("nvlink_gbps", row.nvlink_gbps)
-        .field("algo_gbps", row.algo_gbps)
-        .field("nvlink_bytes", row.nvlink_bytes)
-        .field("algo_bytes", row.algo_bytes)
+        .field("time_us", row.time_us);
+    write_timing(j, row);
+    j.field("repetitions", ht.repetitions)
         .field("buffer_bytes", static_cast<long long>(ht.buffer_bytes))
-        .field("checked", row.checked)
         .field(
             "note",
             "time_us: the slowest rank's median (slowest_rank); min_us/max_us: over every rank's repetitions; "
@@ -165,7 +191,44 @@ void write_ht_tuning(JsonWriter& j, const HtBenchResult& ht) {
   j.end_object();
 }
 
-void write_json(const Args& args, int ranks, const Limits& limits, const HtBenchResult* ht) {
+void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
+  for (const LlBenchRow& row : ll.rows) {
+    j.begin_object().field("mode", "ll").field("op", row.op).field("dtype", row.dtype);
+    if (!row.order.empty()) j.field("order", row.order);
+    j.field("ranks", ll.ranks)
+        .field("tokens", ll.tokens)
+        .field("hidden", ll.hidden)
+        .field("topk", ll.topk)
+        .field("experts", ll.experts)
+        .field("time_us", row.time_us)
+        .field("target_us", row.target_us > 0 ? row.target_us : std::nan(""));  // null: no target
+    write_timing(j, row);
+    j.field("replays", ll.replays)
+        .field("buffer_bytes", static_cast<long long>(ll.buffer_bytes))
+        .field("message_header_bytes", ll.message_header_bytes)
+        .field("note",
+               "time_us: the slowest rank's median (slowest_rank) of `replays` CUDA-graph replays, each one call "
+               "(dispatch_combine: one of each) timed by events around its graph launch after a team barrier; two "
+               "graphs of the call alternate the buffer sets; no L2 flush (latency-bound); bytes and GB/s: the "
+               "slowest rank's, per direction (NVLink: dispatch messages, payload + message_header_bytes each, or "
+               "combine rows back to the home rank)")
+        .end_object();
+  }
+}
+
+// --ll-tune: "ll_tuning" [{sms, dispatch_us, combine_us}] (dispatch FP8, combine local order) and
+// "ll_best_sms" (the smallest sum).
+void write_ll_tuning(JsonWriter& j, const LlBenchResult& ll) {
+  j.begin_array("ll_tuning");
+  for (const LlTuning& t : ll.tuning) {
+    j.begin_object().field("sms", t.sms).field("dispatch_us", t.dispatch_us).field("combine_us", t.combine_us);
+    j.end_object();
+  }
+  j.end_array();
+  j.field("ll_best_sms", ll.best_sms);
+}
+
+void write_json(const Args& args, int ranks, const Limits& limits, const HtBenchResult* ht, const LlBenchResult* ll) {
   JsonWriter j;
   j.begin_object()
       .field("device", args.device_kind.empty() ? device_description(ranks) : args.device_kind)
@@ -186,8 +249,10 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .end_object();
   j.begin_array("results");
   if (ht != nullptr) write_ht_rows(j, *ht);
+  if (ll != nullptr) write_ll_rows(j, *ll);
   j.end_array();
   if (ht != nullptr && !ht->tuning.empty()) write_ht_tuning(j, *ht);
+  if (ll != nullptr && !ll->tuning.empty()) write_ll_tuning(j, *ll);
   j.end_object();
   std::ofstream out(args.json_path);
   out << j.str() << "\n";
@@ -240,7 +305,39 @@ void print_ht_tuning(const HtBenchResult& ht) {
   std::printf("\n");
 }
 
-void print_table(int ranks, const Limits& l, const HtBenchResult* ht) {
+// LL times next to the latency floor measured above: "x flag" is time_us / the one-way flag latency.
+void print_ll_table(const LlBenchResult& ll, const Limits& l) {
+  const double mib = double(ll.buffer_bytes) / (1 << 20);
+  std::printf("\nLL, %d rank(s): %d tokens per rank (= T_max), hidden %d, top-%d of %d experts, %d SMs\n", ll.ranks,
+              ll.tokens, ll.hidden, ll.topk, ll.experts, ll.rows.empty() ? 0 : ll.rows.front().sms);
+  std::printf(
+      "LL buffer %.1f MiB per rank (target <= %zu MiB: %s); one-way flag latency %.2f us, empty graph kernel "
+      "%.2f us\n",
+      mib, kLlBufferTargetBytes >> 20, ll.buffer_bytes <= kLlBufferTargetBytes ? "met" : "MISSED", l.flag_latency_us,
+      l.empty_graph_kernel_us);
+  std::printf("time: the slowest rank's median of %d graph replays (one call each); GB/s per rank and direction\n",
+              ll.replays);
+  std::printf("%-16s %-6s %-6s %9s %10s %7s %12s %10s %8s\n", "op", "dtype", "order", "time us", "target us", "x flag",
+              "NVLink GB/s", "algo GB/s", "checked");
+  for (const LlBenchRow& row : ll.rows) {
+    std::printf("%-16s %-6s %-6s %9.2f %10s %7s %12s %10s %8s\n", row.op.c_str(), row.dtype.c_str(),
+                row.order.empty() ? "-" : row.order.c_str(), row.time_us, number_or_dash(row.target_us, "%.0f").c_str(),
+                number_or_dash(l.flag_latency_us > 0 ? row.time_us / l.flag_latency_us : 0, "%.1f").c_str(),
+                number_or_dash(row.nvlink_gbps, "%.1f").c_str(), number_or_dash(row.algo_gbps, "%.1f").c_str(),
+                row.checked ? "yes" : "NO");
+  }
+}
+
+void print_ll_tuning(const LlBenchResult& ll) {
+  std::printf("\nLL tuning: num_sms -> slowest-rank median us (%d replays each; * the best sum)\n", ll.replays);
+  std::printf("%-6s %12s %12s %10s\n", "SMs", "dispatch fp8", "combine", "sum");
+  for (const LlTuning& t : ll.tuning) {
+    std::printf("%-6d %12.2f %12.2f %9.2f%c\n", t.sms, t.dispatch_us, t.combine_us, t.dispatch_us + t.combine_us,
+                t.sms == ll.best_sms ? '*' : ' ');
+  }
+}
+
+void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBenchResult* ll) {
   std::printf("\nepx-bench, %d rank(s)\n", ranks);
   std::printf("%-44s %12s\n", "limit", "value");
   if (l.measured_nvlink) {
@@ -262,6 +359,12 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht) {
   } else {
     std::printf("\n(HT benchmark skipped: --skip-ht)\n");
   }
+  if (ll != nullptr) {
+    print_ll_table(*ll, l);
+    if (!ll->tuning.empty()) print_ll_tuning(*ll);
+  } else {
+    std::printf("\n(LL benchmark skipped: --skip-ll)\n");
+  }
 }
 
 int run(int argc, char** argv) {
@@ -280,9 +383,11 @@ int run(int argc, char** argv) {
   const Limits limits = measure_limits(*team);
   std::optional<HtBenchResult> ht;
   if (!args.skip_ht) ht = run_ht_bench(*team, args.ht);
+  std::optional<LlBenchResult> ll;
+  if (!args.skip_ll) ll = run_ll_bench(*team, args.ll);
   if (team->rank() == 0) {
-    print_table(team->size(), limits, ht ? &*ht : nullptr);
-    write_json(args, team->size(), limits, ht ? &*ht : nullptr);
+    print_table(team->size(), limits, ht ? &*ht : nullptr, ll ? &*ll : nullptr);
+    write_json(args, team->size(), limits, ht ? &*ht : nullptr, ll ? &*ll : nullptr);
     std::printf("wrote %s\n", args.json_path.c_str());
   }
   return 0;

@@ -2,19 +2,25 @@
 # The device script: on a GPU machine, build (or use a carried build), run every GPU test and the
 # bench, and end with a short table. Logs and the bench JSON go to $OUT (or ./device-out).
 #
-#   scripts/device_check.sh [--kind NAME] [--commit SHA]
+#   scripts/device_check.sh [--kind NAME] [--commit SHA] [--tests FILTER] [--bench "ARGS"] [--no-sanitizers]
+#
+# Defaults: every GPU test, the bench with --ht-tune --ll-tune, and the sanitizers. --tests takes a
+# gtest filter and --bench the bench's arguments (for a quicker look at one part).
 #
 # NCCL: the device API needs the NCCL library at run time to be the version epx was compiled against
 # (2.28.9). Where PyTorch's nvidia-nccl wheel is installed, its lib/ is put first on LD_LIBRARY_PATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-kind="" commit="${EPX_COMMIT:-unknown}"
+kind="" commit="${EPX_COMMIT:-unknown}" tests="*" bench_args="--ht-tune --ll-tune" sanitizers=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --kind) kind="$2"; shift 2 ;;
     --commit) commit="$2"; shift 2 ;;
-    *) echo "usage: $0 [--kind NAME] [--commit SHA]" >&2; exit 2 ;;
+    --tests) tests="$2"; shift 2 ;;
+    --bench) bench_args="$2"; shift 2 ;;
+    --no-sanitizers) sanitizers=0; shift ;;
+    *) echo "usage: $0 [--kind NAME] [--commit SHA] [--tests FILTER] [--bench \"ARGS\"] [--no-sanitizers]" >&2; exit 2 ;;
   esac
 done
 out="${OUT:-$PWD/device-out}"
@@ -43,18 +49,20 @@ ldd "$build/tests/epx_gpu_tests" | grep -E "nccl|cudart" | tee -a "$out/machine.
 
 echo "== GPU tests"
 start=$(date +%s)
-"$build/tests/epx_gpu_tests" 2>&1 | tee "$out/gpu-tests.log"
+"$build/tests/epx_gpu_tests" --gtest_filter="$tests" 2>&1 | tee "$out/gpu-tests.log"
 tests_rc=${PIPESTATUS[0]}
 tests_s=$(( $(date +%s) - start ))
 
 echo "== bench"
-"$build/bench/epx-bench" --ht-tune --json "$out/bench.json" ${kind:+--device-kind "$kind"} --commit "$commit" 2>&1 |
+# shellcheck disable=SC2086  # bench_args is a list of arguments
+"$build/bench/epx-bench" $bench_args --json "$out/bench.json" ${kind:+--device-kind "$kind"} --commit "$commit" 2>&1 |
   tee "$out/bench.log"
 bench_rc=${PIPESTATUS[0]}
 
 echo "== compute-sanitizer (small shapes)"
 small='Cases/HtExchange.MatchesReference/SingleGpu2_Uniform:Cases/HtExchange.MatchesReference/SingleGpu4_Zipf_Fp8_Int32:Cases/HtExchange.MatchesReference/World_Zipf_Aligned4:TransportTimeout.*'
-for tool in memcheck racecheck; do
+: >"$out/sanitizers.txt"
+[ "$sanitizers" -eq 1 ] && for tool in memcheck racecheck; do
   timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --target-processes all \
     "$build/tests/epx_gpu_tests" --gtest_filter="$small" >"$out/$tool.log" 2>&1
   echo "$tool: exit $?; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | sort | uniq -c | tr -s ' ' | paste -sd ';')"

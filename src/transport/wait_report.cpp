@@ -23,6 +23,12 @@ const char* phase_name(WaitPhase phase) {
       return "HT combine rows";
     case WaitPhase::ht_bulk_load:
       return "HT bulk row load";
+    case WaitPhase::ll_dispatch_recv:
+      return "LL dispatch tokens";
+    case WaitPhase::ll_combine_recv:
+      return "LL combine rows";
+    case WaitPhase::ll_set_reuse:
+      return "LL buffer set reuse";
   }
   return "unknown phase";
 }

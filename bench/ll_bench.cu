@@ -1,0 +1,605 @@
+#include "bench/ll_bench.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "bench/check.hpp"
+#include "bench/device_data.hpp"
+#include "bench/inputs.hpp"
+#include "bench/team_sync.hpp"
+#include "bench/timing.hpp"
+#include "core/cuda_check.hpp"
+#include "core/ll_areas.hpp"
+#include "epx/ll.hpp"
+#include "epx/reference/ll.hpp"
+
+namespace epx::bench {
+namespace {
+
+using detail::check_cuda;
+
+// The header that travels with each dispatch message (local expert ids, slots, weights, sequence).
+constexpr double kMessageHeaderBytes = sizeof(core::LlMessageHeader);
+// The issue's targets on nvidia-h200-x2 (EP=2, T=128, H=7168, top-8 of 256).
+constexpr double kDispatchFp8TargetUs = 10;
+constexpr double kCombineLocalTargetUs = 12;
+constexpr uint16_t kBf16NaN = 0x7fc0;
+
+static_assert(sizeof(LlRange) == sizeof(ref::RowRange) && offsetof(LlRange, count) == offsetof(ref::RowRange, count),
+              "layout_range is downloaded straight into the reference's RowRange");
+
+// ---- Expert outputs (combine's y) ----------------------------------------------------------------------
+// y[e][row][h] on rank r is a pure function of (r, local expert e, the row's source rank s and token t,
+// h): the GPU fills its own y from its dispatch's layout, the host every rank's y from the reference's
+// layout, and the two agree whatever order the rows came in. A token's experts give different rows, so
+// a row combined under the wrong expert (or the wrong weight) changes the result.
+
+struct YShape {
+  int ranks, tokens, hidden, local_experts, capacity;  // capacity C = R * T_max rows per local expert
+};
+
+constexpr uint16_t expert_output(const Draw& draw, const YShape& y, int e, int s, int t, int h) {
+  return random_bf16(draw(((uint64_t(e) * y.ranks + s) * y.tokens + t) * y.hidden + h));
+}
+
+// Grid (C, E_local): one CTA per row. Rows past recv_count[e] become NaN: combine must never read them.
+__global__ void fill_expert_outputs(uint16_t* y, const int32_t* recv_count, const int32_t* src_idx,
+                                    const LlRange* layout_range, YShape shape, Draw draw) {
+  const int row = blockIdx.x, e = blockIdx.y;
+  int s = -1;
+  if (row < recv_count[e]) {
+    for (int r = 0; r < shape.ranks; ++r) {
+      const LlRange range = layout_range[e * shape.ranks + r];
+      if (row >= range.begin && row < range.begin + range.count) s = r;
+    }
+  }
+  const int t = s >= 0 ? src_idx[e * shape.capacity + row] : -1;
+  uint16_t* out = y + (std::size_t(e) * shape.capacity + row) * shape.hidden;
+  for (int h = threadIdx.x; h < shape.hidden; h += blockDim.x) {
+    out[h] = s >= 0 ? expert_output(draw, shape, e, s, t, h) : kBf16NaN;
+  }
+}
+
+// The same y on the host, from a (canonical) reference result; rows combine never reads stay zero.
+ref::Tensor3<uint16_t> expert_outputs(const ref::LlRecv& recv, const Draw& draw, const YShape& shape) {
+  ref::Tensor3<uint16_t> y(shape.local_experts, shape.capacity, shape.hidden);
+  for (int e = 0; e < shape.local_experts; ++e) {
+    for (int s = 0; s < shape.ranks; ++s) {
+      const ref::RowRange range = recv.layout_range.at(e, s);
+      for (int row = range.begin; row < range.begin + range.count; ++row) {
+        uint16_t* out = &y.at(e, row, 0);
+        for (int h = 0; h < shape.hidden; ++h) out[h] = expert_output(draw, shape, e, s, recv.src_idx.at(e, row), h);
+      }
+    }
+  }
+  return y;
+}
+
+// ---- CUDA graphs -----------------------------------------------------------------------------------------
+
+struct GraphExecDestroy {
+  void operator()(cudaGraphExec_t g) const { cudaGraphExecDestroy(g); }
+};
+using GraphExec = std::unique_ptr<CUgraphExec_st, GraphExecDestroy>;
+
+// The same calls captured twice on `stream`. Consecutive calls of a kind use the buffer's two sets in
+// turn and a capture bakes its set in, so replaying the pair alternately (A, B, A, B, ...) keeps the
+// alternation that ll.hpp's rules ask for. Replays do not move the buffer's host-side set counter: an
+// even number of replays leaves the next call (captured or not) on the set it expects.
+class GraphPair {
+ public:
+  GraphPair(cudaStream_t stream, const std::function<void(cudaStream_t)>& calls)
+      : a_(capture(stream, calls)), b_(capture(stream, calls)) {}
+
+  // Events around each replay (one graph launch each), every replay after `before`; the median etc.
+  Timing time(cudaStream_t stream, int warmup, int replays, const std::function<void(cudaStream_t)>& before) const {
+    if ((warmup + replays) % 2 != 0) throw std::logic_error("LL bench: graph replays must come in pairs");
+    bool second = false;
+    return time_on_stream(stream, warmup, replays, before, [&](cudaStream_t s) {
+      check_cuda(cudaGraphLaunch((second ? b_ : a_).get(), s), "cudaGraphLaunch");
+      second = !second;
+    });
+  }
+
+ private:
+  static GraphExec capture(cudaStream_t stream, const std::function<void(cudaStream_t)>& calls) {
+    cudaGraph_t graph = nullptr;
+    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      calls(stream);
+    } catch (...) {
+      if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
+      throw;
+    }
+    check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check_cuda(status, "cudaGraphInstantiate");
+    return GraphExec(exec);
+  }
+
+  GraphExec a_, b_;
+};
+
+// ---- The bench -------------------------------------------------------------------------------------------
+
+// Caller-allocated dispatch outputs, sized by LlBuffer::output_bytes.
+struct DispatchOutputs {
+  LlBuffer::OutputBytes bytes{};
+  DeviceMemory x, scales, recv_count, src_idx, layout_range;
+
+  DispatchOutputs(const LlBuffer& buffer, bool fp8)
+      : bytes(buffer.output_bytes(fp8, false)),
+        x(device_alloc(bytes.x)),
+        scales(device_alloc(bytes.scales)),
+        recv_count(device_alloc(bytes.recv_count)),
+        src_idx(device_alloc(bytes.src_idx)),
+        layout_range(device_alloc(bytes.layout_range)) {}
+
+  LlDispatchOutputs view(bool fp8) const {
+    LlDispatchOutputs out;
+    out.x = x.get();
+    out.scales = fp8 ? scales.get() : nullptr;
+    out.recv_count = static_cast<int32_t*>(recv_count.get());
+    out.src_idx = static_cast<int32_t*>(src_idx.get());
+    out.layout_range = static_cast<LlRange*>(layout_range.get());
+    return out;
+  }
+
+  // All bits set everywhere before a checked run: what the dispatch leaves unwritten cannot pass for
+  // an earlier run's result.
+  void poison(cudaStream_t stream) const {
+    const std::pair<const DeviceMemory*, std::size_t> parts[] = {{&x, bytes.x},
+                                                                 {&scales, bytes.scales},
+                                                                 {&recv_count, bytes.recv_count},
+                                                                 {&src_idx, bytes.src_idx},
+                                                                 {&layout_range, bytes.layout_range}};
+    for (const auto& [p, n] : parts) check_cuda(cudaMemsetAsync(p->get(), 0xff, n, stream), "cudaMemsetAsync");
+  }
+};
+
+// Bytes of one op per rank and direction (DESIGN §3). NVLink: what crosses it for this rank's tokens,
+// going out (dispatch) or coming back (combine). Algorithm: DeepEP's convention, received (token,
+// expert) rows x H x 2, FP8 scaled by (1 + 4/128) / 2.
+struct OpBytes {
+  double nvlink = 0, algo = 0;
+};
+
+struct Traffic {
+  int64_t hidden = 0;
+  int64_t remote_messages = 0;  // (token, destination rank != me): dispatch messages, local-combine rows back
+  int64_t remote_slots = 0;     // (token, slot) with a remote expert: naive-combine rows back
+  int64_t received_rows = 0;    // (token, local expert) rows this rank receives, its own included
+
+  OpBytes dispatch(bool fp8) const {
+    const double H = double(hidden), payload = fp8 ? H + 4 * H / 128 : 2 * H;
+    return {double(remote_messages) * (payload + kMessageHeaderBytes),
+            double(received_rows) * 2 * H * (fp8 ? (1 + 4.0 / 128) / 2 : 1.0)};
+  }
+  OpBytes combine(LlCombineOrder order) const {
+    const int64_t rows_back = order == LlCombineOrder::local ? remote_messages : remote_slots;
+    return {double(rows_back) * 2 * hidden, double(received_rows) * 2 * hidden};
+  }
+};
+
+struct Measured {
+  const char* op;
+  const char* dtype;
+  const char* order;  // "" for dispatch alone
+  double target_us;
+  RankTiming timing;
+};
+
+Measured measured(const char* op, const char* dtype, const char* order, double target_us, Timing timing,
+                  OpBytes bytes) {
+  return Measured{op, dtype, order, target_us, RankTiming{timing, bytes.nvlink, bytes.algo}};
+}
+
+// ll.hpp promises more than the reference's contract: rows already in canonical order (source ranks
+// ascending, tokens ascending within one), so the GPU's result must equal its canonical form.
+void check_canonical_order(Checker& check, const std::string& what, const ref::LlRecv& got,
+                           const ref::LlRecv& canonical) {
+  for (int64_t e = 0; e < got.src_idx.rows; ++e) {
+    bool same = true;
+    for (int64_t row = 0; row < got.recv_count[e]; ++row)
+      same &= got.src_idx.at(e, row) == canonical.src_idx.at(e, row);
+    for (int64_t s = 0; s < got.layout_range.cols; ++s) {
+      if (got.layout_range.at(e, s).count > 0) same &= got.layout_range.at(e, s) == canonical.layout_range.at(e, s);
+    }
+    if (!same) {
+      check.fail(what + ": the rows of local expert " + std::to_string(e) +
+                 " are not in the order ll.hpp promises (source ranks ascending, then tokens ascending)");
+      return;
+    }
+  }
+}
+
+std::vector<int32_t> flatten(const ref::Matrix<ref::RowRange>& ranges) {
+  std::vector<int32_t> flat;
+  for (const ref::RowRange& r : ranges.data) flat.insert(flat.end(), {r.begin, r.count});
+  return flat;
+}
+
+// Brings `got` to canonical order (ll_canonicalize also checks that its ranges tile the rows) and
+// compares it with `want` bit for bit.
+void compare_recv(Checker& check, const std::string& what, const ref::LlRecv& got, const ref::LlRecv& want) {
+  ref::LlRecv canonical;
+  try {
+    canonical = ref::ll_canonicalize(got);
+  } catch (const std::invalid_argument& e) {
+    check.fail(what + ": " + e.what());
+    return;
+  }
+  check_canonical_order(check, what, got, canonical);
+  const int64_t H = std::max(want.x_bf16.dim2, want.x_fp8.dim2);
+  check.equal(what + " recv_count", canonical.recv_count, want.recv_count);
+  check.equal(what + " layout_range (begin, count)", flatten(canonical.layout_range), flatten(want.layout_range),
+              2 * want.layout_range.cols);
+  check.equal(what + " src_idx", canonical.src_idx.data, want.src_idx.data, want.src_idx.cols);
+  check.equal(what + " x", canonical.x_bf16.data, want.x_bf16.data, H);
+  check.equal(what + " x", canonical.x_fp8.data, want.x_fp8.data, H);
+  check.equal(what + " scales", canonical.x_scales.data, want.x_scales.data, want.x_scales.dim2);
+}
+
+const char* name(LlCombineOrder order) { return order == LlCombineOrder::local ? "local" : "naive"; }
+
+LlConfig config_for(const LlBenchOptions& o, const Team& team) {
+  if (o.num_sms > 0) return LlConfig{o.num_sms};
+  int sm_count = 0;
+  check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, team.device()),
+             "cudaDeviceGetAttribute");
+  return default_ll_config(team.size(), sm_count, team.is_single_gpu());
+}
+
+class LlBench {
+ public:
+  LlBench(Team& team, const LlBenchOptions& o)
+      : team_(team),
+        o_(o),
+        R_(team.size()),
+        me_(team.rank()),
+        shape_{R_, o.tokens, o.hidden, o.experts / R_, R_ * o.tokens},
+        stream_(new_stream()),
+        buffer_(team, LlBufferOptions{o.tokens, o.hidden, o.topk, o.experts}, config_for(o, team)),
+        fp8_(buffer_, true),
+        bf16_(buffer_, false),
+        y_(device_alloc(std::size_t(shape_.local_experts) * shape_.capacity * o.hidden * 2)),
+        out_local_(device_alloc(std::size_t(o.tokens) * o.hidden * 2)),
+        out_naive_(device_alloc(std::size_t(o.tokens) * o.hidden * 2)) {}
+
+  // Runs dispatch FP8, dispatch BF16 and combine in both orders once, then compares every output with
+  // the global CPU reference. The GPU calls come first, back to back, so that the ranks reach each
+  // collective together (device waits are bounded by the team's timeout); the reference runs after.
+  bool check() {
+    const Routing mine = make_routing(o_.seed, me_, o_.tokens, o_.topk, o_.experts);
+    topk_idx_ = upload(mine.topk_idx.data, stream());
+    weights_ = upload(mine.weights.data, stream());
+    x_ = upload(make_bf16_tokens(o_.seed, me_, o_.tokens, o_.hidden).data, stream());
+    fp8_.poison(stream());
+    bf16_.poison(stream());
+    poison_outputs();
+    buffer_.dispatch(dispatch_args(true), Streams{stream()});
+    const LlHandle handle = buffer_.dispatch(dispatch_args(false), Streams{stream()}).handle;
+    fill_y(bf16_);
+    buffer_.combine(combine_args(LlCombineOrder::local, handle), Streams{stream()});
+    buffer_.combine(combine_args(LlCombineOrder::naive, handle), Streams{stream()});
+    check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+    buffer_.check_errors();
+    const ref::LlRecv got_fp8 = fetch(fp8_, true), got_bf16 = fetch(bf16_, false);
+    const std::vector<uint16_t> got_local = download_out(LlCombineOrder::local);
+    const std::vector<uint16_t> got_naive = download_out(LlCombineOrder::naive);
+
+    traffic_ = count_traffic(mine.topk_idx);
+    Checker check(me_, "LL");
+    const ref::ExpertPlacement placement(o_.experts, R_);
+    std::vector<ref::LlTokens> tokens;
+    for (int r = 0; r < R_; ++r) {
+      const Routing routing = make_routing(o_.seed, r, o_.tokens, o_.topk, o_.experts);
+      tokens.push_back({make_bf16_tokens(o_.seed, r, o_.tokens, o_.hidden), routing.topk_idx, routing.weights});
+    }
+    {
+      std::vector<ref::LlRecv> want = ref::ll_dispatch(tokens, placement, o_.tokens, {.use_fp8 = true});
+      compare_recv(check, "dispatch fp8", got_fp8, want[me_]);
+      if (o_.tune) checked_fp8_ = std::move(want[me_]);
+    }
+    std::vector<ref::LlRecv> want = ref::ll_dispatch(tokens, placement, o_.tokens, {});
+    compare_recv(check, "dispatch bf16", got_bf16, want[me_]);
+    for (int32_t count : want[me_].recv_count) traffic_.received_rows += count;
+
+    // Every expert side's y, from the reference's layout (the payload is no longer needed).
+    std::vector<ref::Tensor3<uint16_t>> y;
+    std::vector<ref::TopkIdx> topk_idx;
+    std::vector<ref::Matrix<float>> weights;
+    for (int r = 0; r < R_; ++r) {
+      want[r].x_bf16 = {};
+      y.push_back(expert_outputs(want[r], Draw(o_.seed, r, What::expert_output), shape_));
+      topk_idx.push_back(tokens[r].topk_idx);
+      weights.push_back(tokens[r].topk_weights);
+    }
+    for (const LlCombineOrder order : {LlCombineOrder::local, LlCombineOrder::naive}) {
+      const auto ref_order = order == LlCombineOrder::local ? ref::LlCombineOrder::local : ref::LlCombineOrder::naive;
+      const std::vector<ref::Matrix<uint16_t>> out = ref::ll_combine(y, want, topk_idx, weights, placement, ref_order);
+      check.equal("combine (" + std::string(name(order)) + " order) out",
+                  order == LlCombineOrder::local ? got_local : got_naive, out[me_].data, o_.hidden);
+      if (o_.tune && order == LlCombineOrder::local) checked_local_ = out[me_].data;
+    }
+    return check.ok();
+  }
+
+  // Each op: one call (dispatch; combine; or dispatch then combine) captured in a GraphPair, replayed
+  // o_.warmup + o_.replays times, each replay after a team barrier. No L2 flush: the inputs (~2 MB) stay
+  // in L2 as they would in a decode step, and LL ops are bound by latency, not by HBM.
+  std::vector<Measured> time_ops() {
+    const LlCombineOrder local = LlCombineOrder::local, naive = LlCombineOrder::naive;
+    std::vector<Measured> out;
+    out.push_back(measured("dispatch", "fp8", "", kDispatchFp8TargetUs, time_dispatch(true), traffic_.dispatch(true)));
+    out.push_back(measured("dispatch", "bf16", "", 0, time_dispatch(false), traffic_.dispatch(false)));
+    // The combines replay on the handle of one dispatch made here: no dispatch runs in between.
+    const LlHandle handle = buffer_.dispatch(dispatch_args(false), Streams{stream()}).handle;
+    out.push_back(measured("combine", "bf16", "local", kCombineLocalTargetUs, time_combine(local, handle),
+                           traffic_.combine(local)));
+    out.push_back(measured("combine", "bf16", "naive", 0, time_combine(naive, handle), traffic_.combine(naive)));
+    const Timing both = time([&](cudaStream_t s) {
+      const LlHandle h = buffer_.dispatch(dispatch_args(true), Streams{s}).handle;
+      buffer_.combine(combine_args(local, h), Streams{s});
+    });
+    const OpBytes d = traffic_.dispatch(true), c = traffic_.combine(local);
+    out.push_back(measured("dispatch_combine", "fp8", "local", 0, both, {d.nvlink + c.nvlink, d.algo + c.algo}));
+    finish();
+    return out;
+  }
+
+  // For each of kLlTuneSms up to the smallest SM count of any rank (every rank tries the same ones, in
+  // the same order): sets num_sms, checks dispatch FP8 and combine (local) again, then times them.
+  // Returns per setting {combine, dispatch}; throws when a setting's outputs differ on any rank.
+  std::vector<RankTiming> tune(std::vector<int>& settings) {
+    int sm_count = 0;
+    check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, team_.device()),
+               "cudaDeviceGetAttribute");
+    const std::vector<double> sm_counts = all_gather(team_, stream(), {double(sm_count)});
+    const double fewest = *std::min_element(sm_counts.begin(), sm_counts.end());
+    std::vector<RankTiming> out;
+    for (const int sms : kLlTuneSms) {
+      if (sms > fewest) continue;
+      buffer_.set_config(LlConfig{sms});
+      LlHandle handle;
+      require_every_rank(team_, stream(), check_again(handle),
+                         "LL outputs with num_sms " + std::to_string(sms) + " differ from the checked ones");
+      out.push_back({time_combine(LlCombineOrder::local, handle)});
+      out.push_back({time_dispatch(true)});
+      settings.push_back(sms);
+    }
+    finish();
+    return out;
+  }
+
+  cudaStream_t stream() const { return stream_.get(); }
+  int sms() const { return buffer_.config().num_sms; }
+  std::size_t buffer_bytes() const { return buffer_.buffer_bytes(); }
+
+ private:
+  TensorRef topk_idx() const { return TensorRef::matrix(topk_idx_.get(), ScalarType::int64, o_.tokens, o_.topk); }
+  TensorRef out(LlCombineOrder order) const {
+    void* data = order == LlCombineOrder::local ? out_local_.get() : out_naive_.get();
+    return TensorRef::matrix(data, ScalarType::bf16, o_.tokens, o_.hidden);
+  }
+
+  LlDispatchArgs dispatch_args(bool fp8) const {
+    LlDispatchArgs a;
+    a.x = TensorRef::matrix(x_.get(), ScalarType::bf16, o_.tokens, o_.hidden);
+    a.topk_idx = topk_idx();
+    a.topk_weights = TensorRef::matrix(weights_.get(), ScalarType::float32, o_.tokens, o_.topk);
+    a.use_fp8 = fp8;
+    a.out = (fp8 ? fp8_ : bf16_).view(fp8);
+    return a;
+  }
+
+  // Local order takes the weights given to dispatch; naive order gets them here.
+  LlCombineArgs combine_args(LlCombineOrder order, const LlHandle& handle) const {
+    LlCombineArgs a;
+    a.y = TensorRef::matrix(y_.get(), ScalarType::bf16, int64_t(shape_.local_experts) * shape_.capacity, o_.hidden);
+    if (order == LlCombineOrder::naive) {
+      a.topk_weights = TensorRef::matrix(weights_.get(), ScalarType::float32, o_.tokens, o_.topk);
+    }
+    a.handle = handle;
+    a.order = order;
+    a.out = out(order);
+    return a;
+  }
+
+  Timing time(const std::function<void(cudaStream_t)>& call) {
+    const GraphPair graphs(stream(), call);
+    return graphs.time(stream(), o_.warmup, o_.replays, [&](cudaStream_t s) { enqueue_team_barrier(team_, s); });
+  }
+  Timing time_dispatch(bool fp8) {
+    return time([&](cudaStream_t s) { buffer_.dispatch(dispatch_args(fp8), Streams{s}); });
+  }
+  Timing time_combine(LlCombineOrder order, const LlHandle& handle) {
+    return time([&](cudaStream_t s) { buffer_.combine(combine_args(order, handle), Streams{s}); });
+  }
+
+  void finish() {
+    check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+    buffer_.check_errors();
+  }
+
+  void poison_outputs() {
+    for (const LlCombineOrder order : {LlCombineOrder::local, LlCombineOrder::naive}) {
+      check_cuda(cudaMemsetAsync(out(order).data, 0xff, std::size_t(o_.tokens) * o_.hidden * 2, stream()),
+                 "cudaMemsetAsync");
+    }
+  }
+
+  void fill_y(const DispatchOutputs& from) {
+    fill_expert_outputs<<<dim3(shape_.capacity, shape_.local_experts), 256, 0, stream()>>>(
+        static_cast<uint16_t*>(y_.get()), static_cast<const int32_t*>(from.recv_count.get()),
+        static_cast<const int32_t*>(from.src_idx.get()), static_cast<const LlRange*>(from.layout_range.get()), shape_,
+        Draw(o_.seed, me_, What::expert_output));
+    detail::check_launch("fill_expert_outputs");
+  }
+
+  std::vector<uint16_t> download_out(LlCombineOrder order) const { return download<uint16_t>(out(order), stream()); }
+
+  // The dispatch outputs on the host, as a reference result (row-major scales: scales_layout is zero).
+  ref::LlRecv fetch(const DispatchOutputs& from, bool fp8) const {
+    const int64_t E = shape_.local_experts, C = shape_.capacity, H = o_.hidden;
+    auto need = [&](std::size_t have, std::size_t want, const char* what) {
+      if (have < want) {
+        throw std::logic_error("LL bench: LlBuffer::output_bytes gives " + std::to_string(have) + " bytes for " + what +
+                               ", ll.hpp's shape needs " + std::to_string(want));
+      }
+    };
+    ref::LlRecv got;
+    if (fp8) {
+      got.x_fp8 = ref::Tensor3<uint8_t>(E, C, H);
+      got.x_scales = ref::Tensor3<float>(E, C, H / 128);
+      need(from.bytes.x, got.x_fp8.data.size(), "x");
+      need(from.bytes.scales, got.x_scales.data.size() * sizeof(float), "scales");
+      download_into(got.x_fp8.data.data(), from.x.get(), got.x_fp8.data.size(), stream());
+      download_into(got.x_scales.data.data(), from.scales.get(), got.x_scales.data.size(), stream());
+    } else {
+      got.x_bf16 = ref::Tensor3<uint16_t>(E, C, H);
+      need(from.bytes.x, got.x_bf16.data.size() * 2, "x");
+      download_into(got.x_bf16.data.data(), from.x.get(), got.x_bf16.data.size(), stream());
+    }
+    got.src_idx = ref::Matrix<int32_t>(E, C);
+    got.layout_range = ref::Matrix<ref::RowRange>(E, R_);
+    need(from.bytes.recv_count, E * sizeof(int32_t), "recv_count");
+    need(from.bytes.src_idx, got.src_idx.data.size() * sizeof(int32_t), "src_idx");
+    need(from.bytes.layout_range, got.layout_range.data.size() * sizeof(LlRange), "layout_range");
+    got.recv_count = download<int32_t>(from.recv_count.get(), E, stream());
+    download_into(got.src_idx.data.data(), from.src_idx.get(), got.src_idx.data.size(), stream());
+    download_into(got.layout_range.data.data(), from.layout_range.get(), got.layout_range.data.size(), stream());
+    return got;
+  }
+
+  Traffic count_traffic(const ref::TopkIdx& topk_idx) const {
+    const ref::ExpertPlacement placement(o_.experts, R_);
+    Traffic t;
+    t.hidden = o_.hidden;
+    for (int64_t token = 0; token < topk_idx.rows; ++token) {
+      std::vector<bool> to_rank(R_, false);
+      for (int64_t k = 0; k < topk_idx.cols; ++k) {
+        const int64_t e = topk_idx.at(token, k);
+        if (e < 0 || placement.rank_of(e) == me_) continue;
+        ++t.remote_slots;
+        to_rank[placement.rank_of(e)] = true;
+      }
+      t.remote_messages += std::count(to_rank.begin(), to_rank.end(), true);
+    }
+    return t;
+  }
+
+  // Dispatch FP8 and combine (local) once more with the current config; their outputs must equal the
+  // checked pass's bit for bit (which equal the reference's, hence the Checker's wording). `handle`:
+  // that dispatch's, for the timed combines that follow.
+  bool check_again(LlHandle& handle) {
+    Checker check(me_, "LL");
+    const std::string at = " (num_sms " + std::to_string(sms()) + ")";
+    fp8_.poison(stream());
+    poison_outputs();
+    handle = buffer_.dispatch(dispatch_args(true), Streams{stream()}).handle;
+    buffer_.combine(combine_args(LlCombineOrder::local, handle), Streams{stream()});
+    finish();
+    compare_recv(check, "dispatch fp8" + at, fetch(fp8_, true), checked_fp8_);
+    check.equal("combine (local order) out" + at, download_out(LlCombineOrder::local), checked_local_, o_.hidden);
+    return check.ok();
+  }
+
+  Team& team_;
+  const LlBenchOptions& o_;
+  int R_, me_;
+  YShape shape_;
+  Stream stream_;
+  LlBuffer buffer_;
+  DispatchOutputs fp8_, bf16_;
+  DeviceMemory y_, out_local_, out_naive_;
+  DeviceMemory topk_idx_, weights_, x_;
+  Traffic traffic_;
+  ref::LlRecv checked_fp8_;              // with o_.tune: the reference's FP8 result for this rank
+  std::vector<uint16_t> checked_local_;  // with o_.tune: the reference's local-order combine
+};
+
+void validate(const LlBenchOptions& o, int ranks) {
+  auto require = [](bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("LL bench: " + what);
+  };
+  require(o.tokens >= 1 && o.hidden >= 128 && o.topk >= 1 && o.experts >= 1,
+          "--ll-tokens, --topk and --experts must be positive and --hidden at least 128");
+  require(o.hidden % 128 == 0, "--hidden must be a multiple of 128 (one FP8 scale per 128 columns)");
+  require(o.topk <= o.experts, "--topk must be at most --experts (each token picks distinct experts)");
+  require(o.experts % ranks == 0, "--experts must be a multiple of the number of ranks");
+  require(o.num_sms >= 0, "--ll-sms must be >= 0 (0: the library's default)");
+  require(o.replays >= 1 && o.warmup >= 0 && (o.warmup + o.replays) % 2 == 0,
+          "replays must be >= 1, with warmup + replays even");
+}
+
+}  // namespace
+
+LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
+  validate(options, team.size());
+  const auto start = std::chrono::steady_clock::now();
+  LlBench bench(team, options);
+  require_every_rank(team, bench.stream(), bench.check(), "LL outputs differ from the CPU reference");
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  if (team.rank() == 0) {
+    std::printf("LL: every rank's outputs equal the CPU reference (checked in %.1f s); timing...\n", took.count());
+    std::fflush(stdout);
+  }
+
+  LlBenchResult result;
+  result.ranks = team.size();
+  result.tokens = options.tokens;
+  result.hidden = options.hidden;
+  result.topk = options.topk;
+  result.experts = options.experts;
+  result.replays = options.replays;
+  result.buffer_bytes = bench.buffer_bytes();
+  result.message_header_bytes = int(kMessageHeaderBytes);
+  const std::vector<Measured> measured = bench.time_ops();
+  std::vector<RankTiming> timings;
+  for (const Measured& m : measured) timings.push_back(m.timing);
+  const std::vector<TeamTiming> gathered = gather_timings(team, bench.stream(), timings);
+  for (std::size_t i = 0; i < measured.size(); ++i) {
+    LlBenchRow row;
+    static_cast<TeamTiming&>(row) = gathered[i];
+    row.op = measured[i].op;
+    row.dtype = measured[i].dtype;
+    row.order = measured[i].order;
+    row.sms = bench.sms();
+    row.target_us = measured[i].target_us;
+    row.checked = true;  // only reached when every rank's check passed
+    result.rows.push_back(row);
+  }
+  if (options.tune) {
+    if (team.rank() == 0) {
+      std::printf("LL: tuning num_sms (each setting checked against the outputs above)...\n");
+      std::fflush(stdout);
+    }
+    std::vector<int> settings;
+    const std::vector<RankTiming> tuned = bench.tune(settings);
+    const std::vector<TeamTiming> all = gather_timings(team, bench.stream(), tuned);
+    double best_us = 0;
+    for (std::size_t i = 0; i < settings.size(); ++i) {
+      const LlTuning t{settings[i], all[2 * i + 1].time_us, all[2 * i].time_us};
+      result.tuning.push_back(t);
+      // On a tie the fewer SMs (tried first): they leave more to overlapping compute.
+      if (i == 0 || t.dispatch_us + t.combine_us < best_us) {
+        best_us = t.dispatch_us + t.combine_us;
+        result.best_sms = t.sms;
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace epx::bench

@@ -1,0 +1,65 @@
+// The low-latency (LL) benchmark: epx::LlBuffer's dispatch (FP8, BF16) and combine (local and naive
+// order) on a decode shape, every op checked bit-exactly against the CPU reference once before it is
+// timed (DESIGN.md §1.2, §1.3 and §3). Each op is one call captured in a CUDA graph and replayed. With
+// `tune`, it then times dispatch FP8 and combine per LlConfig::num_sms.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/team_timing.hpp"
+#include "epx/team.hpp"
+
+namespace epx::bench {
+
+struct LlBenchOptions {
+  int tokens = 128;   // T per rank, also T_max (LlBufferOptions::max_tokens_per_rank)
+  int hidden = 7168;  // H
+  int topk = 8;       // K
+  int experts = 256;  // E
+  int num_sms = 0;    // LlConfig::num_sms; 0: default_ll_config
+  int warmup = 10;    // untimed graph replays per op; warmup + replays must be even (see ll_bench.cu)
+  int replays = 100;  // timed graph replays per op (also per setting with `tune`)
+  bool tune = false;  // also time dispatch FP8 and combine (local) per num_sms (kLlTuneSms)
+  uint64_t seed = 20261122;
+};
+
+// One timed op (TeamTiming: the slowest rank's median and bytes per direction).
+struct LlBenchRow : TeamTiming {
+  std::string op;        // dispatch, combine, dispatch_combine (one graph holding both)
+  std::string dtype;     // dispatch: bf16 or fp8 (the payload on the wire); combine: bf16
+  std::string order;     // combine's summation order (local or naive); empty for dispatch alone
+  int sms = 0;           // LlConfig::num_sms
+  double target_us = 0;  // the issue's target on nvidia-h200-x2 (EP=2); 0: none
+  bool checked = false;  // every rank's outputs equalled the CPU reference
+};
+
+// The num_sms values `tune` tries (those above the smallest SM count of any rank are left out).
+inline constexpr int kLlTuneSms[] = {16, 24, 32, 48, 64, 96, 132};
+
+struct LlTuning {
+  int sms = 0;
+  double dispatch_us = 0;  // dispatch FP8, the slowest rank's median
+  double combine_us = 0;   // combine, local order
+};
+
+struct LlBenchResult {
+  int ranks = 0, tokens = 0, hidden = 0, topk = 0, experts = 0;
+  int replays = 0;
+  std::size_t buffer_bytes = 0;  // LlBuffer::buffer_bytes() on this rank
+  int message_header_bytes = 0;  // what each dispatch message carries besides its payload
+  std::vector<LlBenchRow> rows;
+  std::vector<LlTuning> tuning;  // empty unless options.tune
+  int best_sms = 0;              // with tune: the setting of the smallest dispatch_us + combine_us
+};
+
+// The LL communication memory the issue allows per rank at the default shape (<= 64 MB).
+inline constexpr std::size_t kLlBufferTargetBytes = std::size_t(64) << 20;
+
+// Collective over the team (one process per GPU); every rank returns the same gathered result. Throws
+// (after every rank has printed what differed) when any rank's outputs differ from the reference.
+LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options);
+
+}  // namespace epx::bench

@@ -1,0 +1,190 @@
+// epx::LlBuffer — low-latency dispatch and combine over NVLink (decode). The contract is DESIGN.md
+// §1.2-1.3; here is what each call guarantees.
+//
+// Terms: R ranks, E experts (expert e on rank e / E_local, E_local = E / R), T <= T_max tokens on this
+// rank, H hidden, K top-k, C = R * T_max rows per local expert. topk_idx [T][K] is int64 or int32,
+// -1 = no expert.
+//
+// No call waits on the host: shapes are fixed when the buffer is made, every count stays on the device,
+// and dispatch + combine can be captured in a CUDA graph and replayed.
+//
+// dispatch: a token crosses NVLink once per destination rank (not once per expert), carrying its local
+// expert ids (and weights, if given); the receiver expands it into the packed layout the caller
+// allocated (LlDispatchOutputs): rows of local expert e are x[e][0 .. recv_count[e]), source ranks
+// ascending, tokens ascending within a source rank; layout_range[e][s] = (begin, count) of source s's
+// rows; src_idx[e][row] = the token's index on its source. A token naming one expert in two slots gets
+// one row. Rows past recv_count[e] are left as they were. Payload: BF16, or FP8 E4M3 made on the
+// sending side with one scale per 128 columns (amax floored at 1e-4, scale = amax / 448, optionally
+// rounded up to a power of two, optionally packed as UE8M0 exponents, four per int32).
+//
+// combine: y [E_local][C][H] BF16 in the layout dispatch produced goes back; out[t] on the home rank
+// is the weighted sum of its experts' rows, accumulated in float32, as BF16. Two summation orders:
+//   * local (default): the expert side sums its own experts' rows of a token (with the weights given
+//     to dispatch) and sends one row per (token, rank); the home rank adds those rows, ranks
+//     ascending. Cuts NVLink bytes by up to K / R.
+//   * naive: one row per (token, slot) travels back and the home rank adds w[k] * y_k for k ascending
+//     (with the weights given to combine): bit-identical to the plain per-expert order, for debugging,
+//     and what a caller that has the weights only at combine time (DeepEP's API) gets.
+// combine reads y in place (no copy into a library buffer is ever needed); combine_buffer() is a
+// convenience for callers that want the library to own y.
+//
+// Collective calls, ordering and buffer sets. dispatch and combine are collective: all ranks call them
+// in the same order with the same shapes and options (and all pass dispatch weights, or none do).
+// Each kind alternates between two buffer sets, so that a call's sends never wait for the previous
+// call's receive step: two calls of a kind may be in flight. Before writing into a peer's set, a
+// kernel waits until that peer has finished reading the set's previous use, so no order of calls
+// (captured graphs replayed any number of times included) overwrites unread data. The rules:
+//   * Calls on one buffer run in the order they were made, whatever their streams (each waits for the
+//     previous one). Call them with the team's CUDA device current.
+//   * A dispatch's handle stays valid for combine until the dispatch two calls later (same set);
+//     combine refuses a handle whose set has been reused since. A graph that replays a dispatch
+//     without its combine makes the handles captured with it stale in the same way (unchecked there).
+//   * With send_only, the returned receive step must be run (exactly once) before the call of the same
+//     kind two calls later; capture a send_only call and its receive step in the same graph.
+//   * dispatch writes the caller's outputs during its receive step; combine reads y during its sends
+//     and writes out during its receive step. Rows past recv_count[e] are not written. A source with
+//     no rows for expert e gets layout_range[e][s] = (rows of earlier sources, 0).
+// Every argument is checked before anything is launched; a bad one throws epx::Error naming it. What
+// only the device can see (an expert id outside [-1, E), an expired wait) is recorded and reported by
+// check_errors() on the rank that saw it; such an id counts as -1 meanwhile, on the sending and the
+// home rank alike.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "epx/export.hpp"
+#include "epx/streams.hpp"
+#include "epx/team.hpp"
+#include "epx/tensor.hpp"
+
+namespace epx {
+
+struct LlBufferOptions {
+  int max_tokens_per_rank = 128;  // T_max: the most tokens one rank sends in one call, at most 1024
+  int hidden = 7168;              // H: the largest hidden size, a multiple of 128, at most 16384
+  int max_topk = 8;               // K_max, at most 16
+  int num_experts = 256;          // E, a multiple of the team size, at most 4096
+};
+
+// Kernel configuration. num_sms = 0 means "the default for this GPU and team"; config() returns what
+// it became.
+struct LlConfig {
+  int num_sms = 0;  // CTAs of every LL kernel
+};
+// The default: every SM of the GPU (a team of one GPU per rank), or an equal share of them (a
+// single-GPU team, whose ranks' CTAs must all be resident at once).
+EPX_API LlConfig default_ll_config(int num_ranks, int sm_count, bool single_gpu);
+
+enum class LlCombineOrder { local, naive };
+
+// (begin, count) of one source rank's rows of one local expert.
+struct LlRange {
+  int32_t begin = 0;
+  int32_t count = 0;
+};
+
+// The packed outputs of a dispatch, allocated by the caller (LlBuffer::output_bytes says how much).
+// Element (e, row, g) of a scale tensor is at scales[e * expert_stride + row * row_stride + g * col_stride]
+// (in elements): row-major is (C * G, G, 1); DeepEP's layout, per expert column-major, is (C * G, 1, C).
+struct LlScalesLayout {
+  int64_t expert_stride = 0, row_stride = 0, col_stride = 0;
+};
+struct LlDispatchOutputs {
+  void* x = nullptr;                // [E_local][C][H]: fp8_e4m3 with use_fp8, else bf16; dense, 16-byte aligned
+  void* scales = nullptr;           // use_fp8: float [E_local][C][H/128], or with use_ue8m0 int32 [E_local][C][H/512]
+  LlScalesLayout scales_layout{};   // all zero: row-major
+  int32_t* recv_count = nullptr;    // [E_local]
+  int32_t* src_idx = nullptr;       // [E_local][C]
+  LlRange* layout_range = nullptr;  // [E_local][R]
+};
+
+struct LlDispatchArgs {
+  TensorRef x;             // [T][H] bf16
+  TensorRef topk_idx;      // [T][K] int64 or int32
+  TensorRef topk_weights;  // [T][K] float32, or empty. Given here, they travel with the token and the
+                           // local combine order can use them.
+  bool use_fp8 = true;
+  bool round_scale = false;  // scales rounded up to powers of two (needs use_fp8)
+  bool use_ue8m0 = false;    // scales packed as UE8M0 (needs round_scale and H % 512 == 0)
+  LlDispatchOutputs out;
+  int32_t* cumulative_recv_count = nullptr;  // [E_local] or null: receive counts are added to it
+  bool send_only = false;                    // return after the sends; the caller runs `receive` later
+};
+
+// What combine needs to know about a dispatch (a small value; copy it freely).
+struct LlHandle {
+  const void* buffer = nullptr;  // the LlBuffer that made it
+  int set = 0;                   // which of the two dispatch buffer sets
+  uint64_t generation = 0;       // the set's use number: a later dispatch on the set makes it stale
+  int num_tokens = 0, topk = 0, hidden = 0;
+  bool has_weights = false;  // topk_weights were given to dispatch (or this rank had no tokens)
+};
+
+struct LlDispatchResult {
+  LlHandle handle;
+  cudaEvent_t finished = nullptr;  // with Streams::async (after the receive step, or the sends with send_only)
+  // With send_only: launches the receive step on Streams::stream (after the sends, whatever stream they
+  // ran on). Run it exactly once.
+  std::function<void()> receive;
+};
+
+// The routing comes from the handle: dispatch kept, on the device, which ranks and slots each token went to.
+struct LlCombineArgs {
+  TensorRef y;             // [E_local * C][H] bf16: row e * C + i is expert e's row i; rows 16-byte aligned
+  TensorRef topk_weights;  // [T][K] float32 with the naive order; empty with local (it uses the dispatch's)
+  LlHandle handle;
+  LlCombineOrder order = LlCombineOrder::local;
+  TensorRef out;  // [T][H] bf16, dense rows, 16-byte aligned
+  bool send_only = false;
+};
+
+struct LlCombineResult {
+  cudaEvent_t finished = nullptr;
+  std::function<void()> receive;  // with send_only, as for dispatch
+};
+
+class EPX_API LlBuffer {
+ public:
+  // Collective over the team. Allocates the symmetric areas (see buffer_bytes()).
+  LlBuffer(Team& team, const LlBufferOptions& options, const LlConfig& config = {});
+  ~LlBuffer();
+  LlBuffer(const LlBuffer&) = delete;
+  LlBuffer& operator=(const LlBuffer&) = delete;
+
+  LlDispatchResult dispatch(const LlDispatchArgs& args, const Streams& streams);
+  LlCombineResult combine(const LlCombineArgs& args, const Streams& streams);
+
+  // An optional place for combine's y, [E_local * C][H_max] bf16, owned by the buffer; allocated on the
+  // first call (buffer_bytes() counts it from then on). Passing any other y costs nothing extra. For a
+  // call with a smaller hidden size, pass a view of its first columns (row stride H_max).
+  TensorRef combine_buffer();
+
+  // Reports what kernels recorded without the host waiting: an invalid expert id, an expired wait.
+  // Call after synchronising the streams the buffer's calls ran on (say, once per step).
+  void check_errors();
+
+  const LlBufferOptions& options() const;
+  const LlConfig& config() const;
+  void set_config(const LlConfig& config);
+  // Device memory this buffer allocated on this rank: symmetric areas, private state, and
+  // combine_buffer() once asked for. Excludes the caller's dispatch outputs.
+  std::size_t buffer_bytes() const;
+  static std::size_t required_bytes(const LlBufferOptions& options, int num_ranks);
+
+  // Bytes of each caller-allocated dispatch output for `hidden` (the buffer's if 0).
+  struct OutputBytes {
+    std::size_t x, scales, recv_count, src_idx, layout_range;
+  };
+  OutputBytes output_bytes(bool use_fp8, bool use_ue8m0, int hidden = 0) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace epx

@@ -1,0 +1,381 @@
+// LlBuffer: argument checks, buffer sets, and the launches of the LL kernels (src/kernels/ll/).
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <string>
+
+#include "api/call_order.hpp"
+#include "core/cuda_check.hpp"
+#include "core/ll_areas.hpp"
+#include "core/validate.hpp"
+#include "epx/ll.hpp"
+#include "kernels/ll/ll_view.hpp"
+#include "transport/team_impl.hpp"
+
+namespace epx {
+
+using detail::check_cuda;
+using detail::require;
+namespace kl = kernels::ll;
+
+// Every SM by default: LL calls are latency-bound, and their time is spent waiting for memory, so more
+// CTAs keep more loads in flight. On a single-GPU team the ranks share the GPU and must all be resident.
+LlConfig default_ll_config(int num_ranks, int sm_count, bool single_gpu) {
+  LlConfig config;
+  config.num_sms = single_gpu ? sm_count / num_ranks : sm_count;
+  return config;
+}
+
+namespace {
+
+// Per buffer set: what the host knows of its latest call (stream order decides the rest).
+struct SetState {
+  uint64_t generation = 0;       // calls made on the set
+  bool receive_pending = false;  // a send_only call whose receive step has not been launched
+};
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+struct LlBuffer::Impl {
+  Team& team;
+  LlBufferOptions options;
+  LlConfig config;
+  core::LlAreas areas;
+  SymmetricMemory memory;
+  char* own = nullptr;                       // private device memory (core::LlAreas)
+  kl::LlInputError* error = nullptr;         // host-mapped
+  kl::LlInputError* error_device = nullptr;  // the same, device address
+  uint16_t* combine_buffer = nullptr;        // combine_buffer(), once asked for
+  api::CallOrder calls;
+  kl::LlView view{};
+  int sm_count = 0;
+  uint64_t dispatches = 0, combines = 0;
+  SetState dispatch_sets[core::kLlSets], combine_sets[core::kLlSets];
+
+  Impl(Team& t, const LlBufferOptions& o) : team(t), options(o), calls(t) {}
+  ~Impl() {
+    if (error != nullptr) cudaFreeHost(error);
+    cudaFree(own);
+    cudaFree(combine_buffer);
+  }
+
+  int E_local() const { return options.num_experts / team.size(); }
+  int64_t C() const { return areas.rows_per_expert(); }
+  // The configuration to run with: num_sms = 0 becomes the default; checked.
+  LlConfig resolve(const LlConfig& c) const;
+  kl::LlView make_view() const;
+  // Claims the next set of a kind; refuses while that set's earlier send_only call awaits its receive step.
+  int next_set(SetState* sets, uint64_t& calls_made, const char* what);
+  std::function<void()> receive_step(SetState& state, const Streams& streams, std::function<void(cudaStream_t)> launch);
+};
+
+LlConfig LlBuffer::Impl::resolve(const LlConfig& requested) const {
+  const LlConfig c =
+      requested.num_sms == 0 ? default_ll_config(team.size(), sm_count, team.is_single_gpu()) : requested;
+  require(c.num_sms >= 1 && c.num_sms <= 1024, "LlConfig::num_sms must be in [1, 1024], got " + str(c.num_sms));
+  // On one GPU the ranks' CTAs wait for each other, so all of them must be resident at once.
+  require(!team.is_single_gpu() || c.num_sms * team.size() <= sm_count,
+          "LlConfig::num_sms = " + str(c.num_sms) + " on a single-GPU team of " + str(team.size()) + " ranks needs " +
+              str(c.num_sms * team.size()) + " resident CTAs; this GPU has " + str(sm_count) + " SMs");
+  return c;
+}
+
+kl::LlView LlBuffer::Impl::make_view() const {
+  kl::LlView v{};
+  v.team = team.impl().view();
+  v.base = team.impl().symmetric_view(memory);
+  v.own = own;
+  v.flags = areas.flags;
+  v.dispatch_tokens = areas.dispatch_tokens;
+  v.expert_counts = areas.expert_counts;
+  v.headers = areas.headers;
+  v.payloads = areas.payloads;
+  v.combine_rows = areas.combine_rows;
+  v.blocks_done = areas.blocks_done;
+  v.message_slots = areas.message_slots;
+  v.entry_rows = areas.entry_rows;
+  v.entry_weights = areas.entry_weights;
+  v.home = areas.home;
+  v.max_tokens = options.max_tokens_per_rank;
+  v.hidden = options.hidden;
+  v.max_topk = options.max_topk;
+  v.num_experts = options.num_experts;
+  v.combine_slots = areas.combine_slots;
+  return v;
+}
+
+int LlBuffer::Impl::next_set(SetState* sets, uint64_t& calls_made, const char* what) {
+  const int set = int(calls_made % core::kLlSets);
+  require(!sets[set].receive_pending, std::string("LL ") + what +
+                                          ": the receive step of the call two calls earlier (same buffer set) has "
+                                          "not been run; run it first (see send_only in ll.hpp)");
+  ++calls_made;
+  ++sets[set].generation;
+  return set;
+}
+
+// With send_only: the closure that launches the receive step on the caller's stream, once.
+std::function<void()> LlBuffer::Impl::receive_step(SetState& state, const Streams& streams,
+                                                   std::function<void(cudaStream_t)> launch) {
+  state.receive_pending = true;
+  const uint64_t generation = state.generation;
+  return [this, &state, generation, stream = streams.stream, launch = std::move(launch)] {
+    detail::ScopedRank scoped(team.rank());
+    require(state.generation == generation && state.receive_pending,
+            "LL receive step: already run, or its buffer set has been reused since");
+    const Streams on{stream};
+    const cudaStream_t s = calls.begin(on, "LL receive");
+    launch(s);
+    state.receive_pending = false;
+    calls.end(on, s);
+  };
+}
+
+LlBuffer::LlBuffer(Team& team, const LlBufferOptions& options, const LlConfig& config)
+    : impl_(std::make_unique<Impl>(team, options)) {
+  detail::ScopedRank scoped(team.rank());
+  Impl& im = *impl_;
+  const int R = team.size();
+  require(options.max_tokens_per_rank >= 1 && options.max_tokens_per_rank <= core::kLlMaxTokens,
+          "LlBufferOptions::max_tokens_per_rank must be in [1, " + str(core::kLlMaxTokens) + "], got " +
+              str(options.max_tokens_per_rank));
+  require(options.hidden >= 128 && options.hidden % 128 == 0 && options.hidden <= core::kLlMaxHidden,
+          "LlBufferOptions::hidden must be a positive multiple of 128 up to " + str(core::kLlMaxHidden) + ", got " +
+              str(options.hidden));
+  require(options.max_topk >= 1 && options.max_topk <= core::kLlMaxTopk,
+          "LlBufferOptions::max_topk must be in [1, " + str(core::kLlMaxTopk) + "], got " + str(options.max_topk));
+  require(options.num_experts >= R && options.num_experts % R == 0,
+          "LlBufferOptions::num_experts (" + str(options.num_experts) +
+              ") must be a positive multiple of the team size (" + str(R) + ")");
+  require(
+      options.num_experts <= core::kLlMaxExperts,
+      "LlBufferOptions::num_experts must be at most " + str(core::kLlMaxExperts) + ", got " + str(options.num_experts));
+  require(int64_t(options.num_experts / R) * R * options.max_tokens_per_rank < (int64_t(1) << 31),
+          "E_local * R * max_tokens_per_rank must fit in int32");
+  check_cuda(cudaDeviceGetAttribute(&im.sm_count, cudaDevAttrMultiProcessorCount, team.device()),
+             "cudaDeviceGetAttribute");
+  im.config = im.resolve(config);
+  kl::load_dispatch_kernel();  // before the collective allocation below: see detail::load_kernel
+  kl::load_combine_kernel();
+  im.areas = core::ll_areas(options, R);
+  im.memory = team.allocate_symmetric(im.areas.symmetric_bytes);
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&im.own), im.areas.private_bytes), "cudaMalloc(LL private state)");
+  // Zeroed on the buffer's own stream and waited for there only: a device-wide synchronisation would
+  // wait for other ranks' kernels on a single-GPU team, which may be waiting for this rank.
+  check_cuda(cudaMemsetAsync(im.own, 0, im.areas.private_bytes, im.calls.comm_stream()),
+             "cudaMemsetAsync(LL private state)");
+  check_cuda(cudaStreamSynchronize(im.calls.comm_stream()), "zeroing the LL private state");
+  void* error = nullptr;
+  check_cuda(cudaHostAlloc(&error, sizeof(kl::LlInputError), cudaHostAllocMapped), "cudaHostAlloc(LL errors)");
+  std::memset(error, 0, sizeof(kl::LlInputError));
+  im.error = static_cast<kl::LlInputError*>(error);
+  check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&im.error_device), error, 0),
+             "cudaHostGetDevicePointer");
+  im.view = im.make_view();
+}
+
+LlBuffer::~LlBuffer() = default;
+
+const LlBufferOptions& LlBuffer::options() const { return impl_->options; }
+const LlConfig& LlBuffer::config() const { return impl_->config; }
+
+void LlBuffer::set_config(const LlConfig& config) {
+  detail::ScopedRank scoped(impl_->team.rank());
+  impl_->config = impl_->resolve(config);
+}
+
+std::size_t LlBuffer::required_bytes(const LlBufferOptions& options, int num_ranks) {
+  const core::LlAreas a = core::ll_areas(options, num_ranks);
+  return a.symmetric_bytes + a.private_bytes;
+}
+
+std::size_t LlBuffer::buffer_bytes() const {
+  const Impl& im = *impl_;
+  const std::size_t combine_buffer =
+      im.combine_buffer != nullptr ? std::size_t(im.E_local()) * im.C() * im.options.hidden * 2 : 0;
+  return im.areas.symmetric_bytes + im.areas.private_bytes + combine_buffer;
+}
+
+LlBuffer::OutputBytes LlBuffer::output_bytes(bool use_fp8, bool use_ue8m0, int hidden) const {
+  const Impl& im = *impl_;
+  const std::size_t H = hidden == 0 ? im.options.hidden : hidden;
+  const std::size_t rows = std::size_t(im.E_local()) * im.C();
+  OutputBytes b{};
+  b.x = rows * H * (use_fp8 ? 1 : 2);
+  b.scales = !use_fp8 ? 0 : rows * sizeof(int32_t) * (use_ue8m0 ? H / 512 : H / 128);
+  b.recv_count = sizeof(int32_t) * im.E_local();
+  b.src_idx = sizeof(int32_t) * rows;
+  b.layout_range = sizeof(LlRange) * im.E_local() * im.team.size();
+  return b;
+}
+
+TensorRef LlBuffer::combine_buffer() {
+  Impl& im = *impl_;
+  detail::ScopedRank scoped(im.team.rank());
+  const int64_t rows = im.E_local() * im.C();
+  if (im.combine_buffer == nullptr) {
+    check_cuda(cudaMalloc(reinterpret_cast<void**>(&im.combine_buffer), std::size_t(rows) * im.options.hidden * 2),
+               "cudaMalloc(LL combine buffer)");
+  }
+  return TensorRef::matrix(im.combine_buffer, ScalarType::bf16, rows, im.options.hidden);
+}
+
+void LlBuffer::check_errors() {
+  Impl& im = *impl_;
+  detail::ScopedRank scoped(im.team.rank());
+  im.team.check_device_errors();
+  volatile kl::LlInputError* e = im.error;
+  if (e->found == 0) return;
+  const std::string where = "topk_idx[" + str(e->token) + "][" + str(e->slot) + "] = " + str(e->value);
+  e->found = 0;
+  detail::fail(ErrorKind::invalid_argument, "LL dispatch: " + where + " is not an expert id in [-1, " +
+                                                str(im.options.num_experts) +
+                                                "); that entry was treated as -1 (not sent, and not combined)");
+}
+
+LlDispatchResult LlBuffer::dispatch(const LlDispatchArgs& args, const Streams& streams) {
+  Impl& im = *impl_;
+  detail::ScopedRank scoped(im.team.rank());
+  const int64_t T = args.x.rows, H = args.x.cols;
+  require(T <= im.options.max_tokens_per_rank, "LL dispatch of " + str(T) +
+                                                   " tokens, more than the buffer's max_tokens_per_rank (" +
+                                                   str(im.options.max_tokens_per_rank) + ")");
+  core::check_tensor(args.x, {"x", {ScalarType::bf16}, T, -1, true, 16});
+  require(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
+          "x has hidden " + str(H) + ": it must be a positive multiple of 128, at most the buffer's " +
+              str(im.options.hidden));
+  core::check_tensor(args.topk_idx, {"topk_idx", {ScalarType::int64, ScalarType::int32}, T});
+  const int64_t K = args.topk_idx.cols;
+  require(K >= 1 && K <= im.options.max_topk,
+          "topk_idx has " + str(K) + " columns; the buffer allows 1 to " + str(im.options.max_topk));
+  core::check_optional_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, T, K});
+  require(args.use_fp8 || !args.round_scale, "round_scale needs use_fp8");
+  require(args.round_scale || !args.use_ue8m0, "use_ue8m0 needs round_scale (UE8M0 holds powers of two only)");
+  require(!args.use_ue8m0 || H % 512 == 0, "use_ue8m0 needs a hidden size that is a multiple of 512, got " + str(H));
+  const LlDispatchOutputs& out = args.out;
+  auto aligned = [](const void* p, std::size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  require(out.x != nullptr && aligned(out.x, 16), "out.x must be a 16-byte aligned device pointer");
+  require(!args.use_fp8 || (out.scales != nullptr && aligned(out.scales, 4)),
+          "out.scales must be a 4-byte aligned device pointer with use_fp8");
+  require(out.recv_count != nullptr && aligned(out.recv_count, 4), "out.recv_count must be a 4-byte aligned pointer");
+  require(out.src_idx != nullptr && aligned(out.src_idx, 4), "out.src_idx must be a 4-byte aligned pointer");
+  require(out.layout_range != nullptr && aligned(out.layout_range, 8),
+          "out.layout_range must be an 8-byte aligned pointer");
+  require(args.cumulative_recv_count == nullptr || aligned(args.cumulative_recv_count, 4),
+          "cumulative_recv_count must be 4-byte aligned");
+
+  const int64_t groups = args.use_ue8m0 ? H / 512 : H / 128;
+  LlScalesLayout scales = out.scales_layout;
+  if (scales.expert_stride == 0 && scales.row_stride == 0 && scales.col_stride == 0) {
+    scales = LlScalesLayout{im.C() * groups, groups, 1};
+  }
+  const cudaStream_t stream = im.calls.begin(streams, "LL dispatch");
+  const int set = im.next_set(im.dispatch_sets, im.dispatches, "dispatch");
+
+  kl::DispatchParams p{};
+  p.v = im.view;
+  p.set = set;
+  p.x = static_cast<const uint16_t*>(args.x.data);
+  p.x_row_stride = args.x.row_stride;
+  p.hidden = int32_t(H);
+  p.num_tokens = int32_t(T);
+  p.topk = int32_t(K);
+  p.topk_idx = args.topk_idx.data;
+  p.topk_int64 = args.topk_idx.type == ScalarType::int64;
+  p.topk_row_stride = args.topk_idx.row_stride;
+  p.weights = static_cast<const float*>(args.topk_weights.data);
+  p.weights_row_stride = args.topk_weights.row_stride;
+  p.fp8 = args.use_fp8;
+  p.round_scale = args.round_scale;
+  p.ue8m0 = args.use_ue8m0;
+  p.out_x = out.x;
+  p.out_scales = out.scales;
+  p.scales_layout = scales;
+  p.recv_count = out.recv_count;
+  p.src_idx = out.src_idx;
+  p.layout_range = out.layout_range;
+  p.cumulative_recv_count = args.cumulative_recv_count;
+  p.error = im.error_device;
+  p.phases = args.send_only ? kl::kSend : kl::kSend | kl::kReceive;
+  const int blocks = im.config.num_sms;
+  kl::launch_dispatch(p, blocks, stream);
+
+  LlDispatchResult result;
+  LlHandle& h = result.handle;
+  h.buffer = this;
+  h.set = set;
+  h.generation = im.dispatch_sets[set].generation;
+  h.num_tokens = int(T);
+  h.topk = int(K);
+  h.hidden = int(H);
+  h.has_weights = !args.topk_weights.empty() || T == 0;  // a rank with no tokens has no weights to give
+  if (args.send_only) {
+    p.phases = kl::kReceive;
+    result.receive = im.receive_step(im.dispatch_sets[set], streams,
+                                     [p, blocks](cudaStream_t s) { kl::launch_dispatch(p, blocks, s); });
+  }
+  result.finished = im.calls.end(streams, stream);
+  return result;
+}
+
+LlCombineResult LlBuffer::combine(const LlCombineArgs& args, const Streams& streams) {
+  Impl& im = *impl_;
+  detail::ScopedRank scoped(im.team.rank());
+  const LlHandle& h = args.handle;
+  require(h.buffer == this, "LL combine: the handle comes from another LlBuffer (or is empty)");
+  const SetState& dispatched = im.dispatch_sets[h.set];
+  require(h.generation == dispatched.generation,
+          "LL combine: the handle is stale: its dispatch buffer set has been reused by a later dispatch "
+          "(a handle lasts until the dispatch two calls after its own)");
+  require(!dispatched.receive_pending, "LL combine: run the dispatch's receive step first (it was send_only)");
+  const int64_t T = h.num_tokens, K = h.topk, H = h.hidden;
+  const int64_t rows = im.E_local() * im.C();
+  core::check_tensor(args.y, {"y", {ScalarType::bf16}, -1, H, true, 16});
+  require(args.y.rows >= rows,
+          "y has " + str(args.y.rows) + " rows; combine reads E_local * R * max_tokens = " + str(rows));
+  core::check_tensor(args.out, {"out", {ScalarType::bf16}, T, H, true, 16});
+  const bool naive = args.order == LlCombineOrder::naive;
+  if (naive) {
+    require(!args.topk_weights.empty(), "LL combine, naive order: topk_weights [T][K] are required");
+    core::check_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, T, K});
+  } else {
+    require(h.has_weights,
+            "LL combine, local order: the expert side sums with the weights given to dispatch, and that dispatch "
+            "had none; pass topk_weights to dispatch, or use LlCombineOrder::naive with the weights here");
+    require(args.topk_weights.empty(),
+            "LL combine, local order: topk_weights are the dispatch's; pass them here only with the naive order");
+  }
+
+  const cudaStream_t stream = im.calls.begin(streams, "LL combine");
+  const int set = im.next_set(im.combine_sets, im.combines, "combine");
+  kl::CombineParams p{};
+  p.v = im.view;
+  p.set = set;
+  p.dispatch_set = h.set;
+  p.y = static_cast<const uint16_t*>(args.y.data);
+  p.y_row_stride = args.y.row_stride;
+  p.hidden = int32_t(H);
+  p.num_tokens = int32_t(T);
+  p.topk = int32_t(K);
+  p.naive = naive;
+  p.weights = static_cast<const float*>(args.topk_weights.data);
+  p.weights_row_stride = args.topk_weights.row_stride;
+  p.out = static_cast<uint16_t*>(args.out.data);
+  p.out_row_stride = args.out.row_stride;
+  p.phases = args.send_only ? kl::kSend : kl::kSend | kl::kReceive;
+  const int blocks = im.config.num_sms;
+  kl::launch_combine(p, blocks, stream);
+
+  LlCombineResult result;
+  if (args.send_only) {
+    p.phases = kl::kReceive;
+    result.receive = im.receive_step(im.combine_sets[set], streams,
+                                     [p, blocks](cudaStream_t s) { kl::launch_combine(p, blocks, s); });
+  }
+  result.finished = im.calls.end(streams, stream);
+  return result;
+}
+
+}  // namespace epx

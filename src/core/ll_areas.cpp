@@ -1,0 +1,40 @@
+#include "core/ll_areas.hpp"
+
+#include <algorithm>
+
+#include "core/area_cursor.hpp"
+
+namespace epx::core {
+
+LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
+  LlAreas a;
+  a.num_ranks = num_ranks;
+  a.max_tokens = o.max_tokens_per_rank;
+  a.hidden = o.hidden;
+  a.max_topk = o.max_topk;
+  a.num_experts = o.num_experts;
+  a.combine_slots = std::max(num_ranks, o.max_topk);
+  a.payload_bytes = std::size_t(o.hidden) * 2;
+  const std::size_t R = num_ranks, T = o.max_tokens_per_rank, sets = kLlSets;
+  const std::size_t messages = sets * R * T;
+
+  AreaCursor shared;
+  a.flags = shared.take(sizeof(uint64_t) * kLlFlagKinds * kLlOps * sets * R);
+  a.dispatch_tokens = shared.take(sizeof(int32_t) * sets * R);
+  a.expert_counts = shared.take(sizeof(int32_t) * sets * R * a.experts_per_rank());
+  a.headers = shared.take(sizeof(LlMessageHeader) * messages);
+  a.payloads = shared.take(a.payload_bytes * messages);
+  a.combine_rows = shared.take(std::size_t(2) * o.hidden * sets * a.combine_slots * T);
+  a.symmetric_bytes = shared.end();
+
+  AreaCursor own;
+  a.blocks_done = own.take(sizeof(uint32_t) * kLlOps * 2);
+  a.message_slots = own.take(sizeof(uint32_t) * messages);
+  a.entry_rows = own.take(sizeof(int32_t) * messages * o.max_topk);
+  a.entry_weights = own.take(sizeof(float) * messages * o.max_topk);
+  a.home = own.take(sizeof(LlHomeToken) * sets * T);
+  a.private_bytes = own.end();
+  return a;
+}
+
+}  // namespace epx::core

@@ -1,0 +1,126 @@
+// What the LL kernels receive: plain structs passed by value (no host types).
+#pragma once
+
+#include <cstdint>
+
+#include "core/ll_areas.hpp"
+#include "epx/ll.hpp"
+#include "transport/device/team_view.hpp"
+
+namespace epx::kernels::ll {
+
+// The buffer's areas (offsets of core::LlAreas): symmetric ones on every rank, private ones here.
+struct LlView {
+  transport::TeamView team;
+  transport::SymmetricView base;  // base.base[r]: rank r's symmetric allocation
+  char* own;                      // this rank's private allocation
+  uint64_t flags, dispatch_tokens, expert_counts, headers, payloads, combine_rows;
+  uint64_t blocks_done, message_slots, entry_rows, entry_weights, home;
+  int32_t max_tokens, hidden, max_topk, num_experts, combine_slots;
+
+  __host__ __device__ int experts_per_rank() const { return num_experts / team.nranks; }
+  __host__ __device__ int64_t rows_per_expert() const { return int64_t(team.nranks) * max_tokens; }  // C
+  // Message index of (set, source, token) in headers, payloads and entry_rows.
+  __host__ __device__ int64_t message(int set, int src, int t) const {
+    return (int64_t(set) * team.nranks + src) * max_tokens + t;
+  }
+  // owner's flag of `kind` (core::LlFlag) about `peer`.
+  __device__ uint64_t* flag(int owner, int kind, int op, int set, int peer) const {
+    return reinterpret_cast<uint64_t*>(base.base[owner] + flags) +
+           ((kind * core::kLlOps + op) * core::kLlSets + set) * team.nranks + peer;
+  }
+  __device__ int32_t* tokens_of(int owner, int set, int src) const {
+    return reinterpret_cast<int32_t*>(base.base[owner] + dispatch_tokens) + set * team.nranks + src;
+  }
+  // Source src's tokens per local expert of owner, [E_local].
+  __device__ int32_t* expert_counts_of(int owner, int set, int src) const {
+    return reinterpret_cast<int32_t*>(base.base[owner] + expert_counts) +
+           (int64_t(set) * team.nranks + src) * experts_per_rank();
+  }
+  __device__ core::LlMessageHeader* header(int owner, int set, int src, int t) const {
+    return reinterpret_cast<core::LlMessageHeader*>(base.base[owner] + headers) + message(set, src, t);
+  }
+  __device__ char* payload(int owner, int set, int src, int t) const {
+    return base.base[owner] + payloads + message(set, src, t) * 2 * int64_t(hidden);
+  }
+  __device__ uint16_t* combine_row(int owner, int set, int slot, int t) const {
+    return reinterpret_cast<uint16_t*>(base.base[owner] + combine_rows) +
+           ((int64_t(set) * combine_slots + slot) * max_tokens + t) * hidden;
+  }
+  // The private CTA counter of a kernel step (last_cta_done), per op and LlPhase.
+  __device__ uint32_t* blocks_done_of(int op, int phase) const {
+    return reinterpret_cast<uint32_t*>(own + blocks_done) + op * 2 + phase;
+  }
+  __device__ uint32_t* message_slots_of(int set, int src, int t) const {
+    return reinterpret_cast<uint32_t*>(own + message_slots) + message(set, src, t);
+  }
+  __device__ int32_t* entry_rows_of(int set, int src, int t) const {
+    return reinterpret_cast<int32_t*>(own + entry_rows) + message(set, src, t) * max_topk;
+  }
+  __device__ float* entry_weights_of(int set, int src, int t) const {
+    return reinterpret_cast<float*>(own + entry_weights) + message(set, src, t) * max_topk;
+  }
+  __device__ core::LlHomeToken* home_of(int set, int t) const {
+    return reinterpret_cast<core::LlHomeToken*>(own + home) + int64_t(set) * max_tokens + t;
+  }
+};
+
+// The first invalid expert id a dispatch met on this rank (host-mapped, sticky until the host reports it).
+struct LlInputError {
+  int32_t found;  // 0 or 1
+  int32_t token, slot;
+  int64_t value;
+};
+
+enum LlPhase : int { kLlSend = 0, kLlReceive = 1 };                             // the two steps of a call
+enum LlPhases : uint32_t { kSend = 1 << kLlSend, kReceive = 1 << kLlReceive };  // which steps a launch runs
+
+struct DispatchParams {
+  LlView v;
+  int32_t set;
+  uint32_t phases;  // LlPhases: the sends, the receive step, or both in one launch
+  // Input.
+  const uint16_t* x;
+  int64_t x_row_stride;
+  int32_t hidden, num_tokens, topk;
+  const void* topk_idx;
+  bool topk_int64;
+  int64_t topk_row_stride;
+  const float* weights;  // or null
+  int64_t weights_row_stride;
+  bool fp8, round_scale, ue8m0;
+  // Outputs (LlDispatchOutputs).
+  void* out_x;
+  void* out_scales;
+  LlScalesLayout scales_layout;
+  int32_t* recv_count;
+  int32_t* src_idx;
+  LlRange* layout_range;
+  int32_t* cumulative_recv_count;  // or null
+  LlInputError* error;
+};
+
+struct CombineParams {
+  LlView v;
+  int32_t set;           // the combine's buffer set
+  int32_t dispatch_set;  // the set of the dispatch it reverses
+  uint32_t phases;
+  const uint16_t* y;
+  int64_t y_row_stride;
+  int32_t hidden, num_tokens, topk;
+  bool naive;
+  const float* weights;  // naive: the home side's [T][K]
+  int64_t weights_row_stride;
+  uint16_t* out;
+  int64_t out_row_stride;
+};
+
+// Host-side launchers (src/kernels/ll/*.cu); arguments are checked by src/api/ll_buffer.cpp first.
+// The load_* functions load a kernel's code now (see detail::load_kernel); call them before any rank
+// can have an LL kernel in flight.
+void load_dispatch_kernel();
+void load_combine_kernel();
+void launch_dispatch(const DispatchParams& params, int num_blocks, cudaStream_t stream);
+void launch_combine(const CombineParams& params, int num_blocks, cudaStream_t stream);
+
+}  // namespace epx::kernels::ll

@@ -1,0 +1,117 @@
+// LL dispatch and combine against the CPU reference, on one process per GPU and on one GPU with 2, 4
+// and 8 ranks: BF16 and FP8 (plain, power-of-two scales, UE8M0; row- and column-major scales), int64
+// and int32 routing, uniform, Zipf and one-hot routings with -1 slots and repeated experts, T from 0
+// to T_max. Each case runs twice on one buffer (both buffer sets), outputs poisoned before every call;
+// combine runs in the local order (weights given to dispatch) and the naive one (weights given to
+// combine), each compared bit for bit with the reference.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "epx/ll.hpp"
+#include "gpu_test_env.hpp"
+#include "ll_fixture.hpp"
+#include "single_gpu_ranks.hpp"
+
+namespace epx::test {
+namespace {
+
+void run_rank(const LlCase& c, const LlExpected& x, Team& team, cudaStream_t stream) {
+  const int rank = team.rank();
+  LlBuffer buffer(team, ll_buffer_options(c, x));
+  const LlRankInputs in = upload_ll_inputs(c, x, rank);
+  const LlOutputs out = allocate_ll_outputs(c, x, buffer);
+  for (int round = 0; round < 2; ++round) {  // the second dispatch and combine use the other buffer set
+    poison_ll_outputs(out, stream);
+    const LlDispatchResult d = buffer.dispatch(ll_dispatch_args(c, in, out), Streams{stream});
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    buffer.check_errors();
+    EXPECT_EQ(d.handle.buffer, &buffer) << "rank " << rank;
+    EXPECT_EQ(d.handle.num_tokens, c.T) << "rank " << rank;
+    EXPECT_EQ(d.handle.topk, c.K) << "rank " << rank;
+    EXPECT_EQ(d.handle.hidden, c.H) << "rank " << rank;
+    EXPECT_EQ(d.handle.has_weights, c.dispatch_weights) << "rank " << rank;
+    check_ll_dispatch(c, x, rank, out);
+    for (const LlCombineOrder order : ll_orders(c)) {
+      poison(out.out, stream);
+      buffer.combine(ll_combine_args(c, x, in, out, d.handle, order), Streams{stream});
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      buffer.check_errors();
+      check_ll_combine(c, x, rank, out, order);
+    }
+  }
+}
+
+class LlExchange : public ::testing::TestWithParam<LlCase> {};
+
+TEST_P(LlExchange, MatchesReference) {
+  const LlCase& c = GetParam();
+  if (c.single_gpu_ranks == 0) EPX_REQUIRE_WORLD_SIZE(2);
+  const int R = team_size(c);
+  if (c.E % R != 0) GTEST_SKIP() << c.E << " experts do not divide among " << R << " ranks";
+  const LlExpected x = build_ll_expected(c, R, uint32_t(std::hash<std::string>{}(c.name)));
+  on_ranks(c.single_gpu_ranks, [&](Team& team, cudaStream_t stream) { run_rank(c, x, team, stream); });
+}
+
+std::vector<LlCase> cases() {
+  using P = LlPayload;
+  using Rt = Routing;
+  constexpr int kEq = kExpertsEqualRanks;
+  // team, T, T_max, H, K, E, routing, p_empty, payload, int32 ids, dispatch weights, column-major scales,
+  // repeated slot, roomy buffer, name
+  return {
+      // One process per GPU (EP = the world size, 2 on a two-GPU machine); T_max 128.
+      {0, 128, 128, 7168, 8, 256, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "World_DeepSeek_Fp8"},
+      {0, 128, 128, 7168, 8, 256, Rt::uniform, 0.1, P::fp8_ue8m0, true, true, true, false, false,
+       "World_DeepSeek_Fp8Ue8m0_ColumnMajorScales_Int32"},
+      {0, 128, 128, 7168, 8, 256, Rt::uniform, 0.1, P::bf16, false, true, false, false, false, "World_DeepSeek_Bf16"},
+      {0, 77, 128, 4096, 8, 288, Rt::zipf, 0.1, P::fp8_round_scale, false, true, false, false, false,
+       "World_T77_E288_Zipf_Fp8RoundScale"},
+      {0, 0, 128, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "World_NoTokens"},
+      {0, 1, 128, 2048, 1, kEq, Rt::uniform, 0.0, P::bf16, true, true, false, false, false,
+       "World_OneToken_ExpertsEqualRanks_Int32"},
+      {0, 128, 128, 4096, 8, 64, Rt::one_hot, 0.1, P::fp8, false, false, false, false, false,
+       "World_OneHot_FullExpert_NoDispatchWeights"},
+      {0, 128, 128, 7168, 1, 256, Rt::zipf, 0.2, P::bf16, true, false, false, false, false, "World_K1_Zipf_Bf16_Int32"},
+      {0, 77, 128, 2048, 8, 64, Rt::uniform, 0.1, P::fp8_round_scale, false, true, true, true, false,
+       "World_RepeatedExperts_Fp8RoundScale_ColumnMajorScales"},
+      {0, 77, 128, 2048, 1, 64, Rt::uniform, 0.1, P::fp8_ue8m0, false, true, false, false, true,
+       "World_SmallerThanBuffer_Ue8m0"},
+      {0, 77, 128, 2048, 8, 64, Rt::uniform, 1.0, P::fp8, false, true, false, false, false, "World_AllSlotsEmpty"},
+      // One GPU, 2 ranks.
+      {2, 77, 128, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu2_Uniform_Fp8"},
+      {2, 128, 128, 2048, 8, 64, Rt::zipf, 0.1, P::fp8_ue8m0, true, true, true, false, false,
+       "SingleGpu2_Zipf_Ue8m0_ColumnMajorScales_Int32"},
+      {2, 0, 128, 2048, 8, 64, Rt::uniform, 0.1, P::bf16, false, true, false, false, false, "SingleGpu2_NoTokens_Bf16"},
+      {2, 1, 128, 2048, 1, kEq, Rt::uniform, 0.0, P::fp8_round_scale, false, false, false, false, false,
+       "SingleGpu2_OneToken_ExpertsEqualRanks"},
+      {2, 32, 32, 4096, 8, 288, Rt::one_hot, 0.1, P::bf16, true, true, false, true, false,
+       "SingleGpu2_E288_OneHot_RepeatedExperts_Bf16"},
+      // One GPU, 4 ranks (smaller T_max).
+      {4, 77, 80, 2048, 8, 64, Rt::uniform, 0.1, P::bf16, false, true, false, false, false, "SingleGpu4_Uniform_Bf16"},
+      {4, 32, 32, 2048, 8, 256, Rt::one_hot, 0.1, P::fp8_round_scale, true, false, false, false, false,
+       "SingleGpu4_E256_OneHot_Fp8RoundScale_NoDispatchWeights"},
+      {4, 32, 64, 2048, 8, 64, Rt::zipf, 0.2, P::fp8_ue8m0, false, true, false, true, true,
+       "SingleGpu4_Zipf_Ue8m0_RepeatedExperts_SmallerThanBuffer"},
+      {4, 0, 32, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu4_NoTokens"},
+      {4, 1, 32, 2048, 1, kEq, Rt::uniform, 0.0, P::bf16, false, true, false, false, false,
+       "SingleGpu4_OneToken_ExpertsEqualRanks"},
+      // One GPU, 8 ranks.
+      {8, 32, 32, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu8_Uniform_Fp8"},
+      {8, 32, 32, 2048, 8, kEq, Rt::uniform, 0.0, P::fp8_ue8m0, true, true, true, false, false,
+       "SingleGpu8_EveryTokenToEveryRank_Ue8m0_Int32"},
+      {8, 16, 32, 2048, 8, 64, Rt::zipf, 0.3, P::bf16, true, false, false, true, false,
+       "SingleGpu8_Zipf_Bf16_NoDispatchWeights"},
+      {8, 1, 32, 2048, 1, 64, Rt::one_hot, 0.0, P::fp8_round_scale, false, true, false, false, false,
+       "SingleGpu8_OneToken_OneHot"},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, LlExchange, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<LlCase>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace epx::test
