@@ -1,0 +1,682 @@
+"""deep_ep.Buffer on epx: DeepEP V1's class, its arguments and its return tuples, over epx.HtBuffer and
+epx.LlBuffer.
+
+How the two APIs meet:
+- DeepEP sizes its buffers in bytes at construction and learns the shapes at each call; epx fixes the
+  shapes of a buffer when it is made. So epx makes its buffers at the first call that knows the shapes
+  (HT: the first dispatch, from hidden, top-k and the expert count; LL: the first low_latency_dispatch,
+  from num_max_dispatch_tokens_per_rank, hidden, top-k and num_experts), within the bytes the caller
+  gave (num_nvl_bytes for HT, num_rdma_bytes for LL), and makes them again, collectively, when a later
+  call needs more. That first call must not be inside a CUDA graph capture.
+- HT: epx keeps every received token in its buffer (no ring), so num_nvl_bytes bounds the tokens per
+  rank: the most that fit for the shapes (Buffer.ht_max_tokens_per_rank says how many once made).
+- Streams: the Buffer owns a communication stream (get_comm_stream()); async_finish runs a call there
+  and returns an EventOverlap to wait on, previous_event makes a call wait first, as in DeepEP.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from typing import List, Optional, Tuple, Union
+
+from .. import _loader
+from .._torch import CallStreams, check_device, torch
+from ..ht import HtBuffer, HtHandle
+from ..ll import LlBuffer, LlHandle
+from ..team import Team
+from .config import Config
+from .utils import EventOverlap
+
+_MASK_UNSUPPORTED = (
+    "epx: rank masking (DeepEP's shrink mode: enable_shrink and the low_latency_*_mask_buffer "
+    "calls) is not implemented in epx yet"
+)
+
+# Top-k the LL buffer is made for when the call's is smaller (a later call up to it needs no new buffer),
+# and the top-k get_low_latency_rdma_size_hint assumes (its arguments have none; DeepSeek-V3's is 8).
+LL_DEFAULT_TOPK = 8
+HT_DEFAULT_TOPK = 8
+_HT_MAX_TOPK = 32  # HtBufferOptions::max_topk's bound
+_LL_MAX_TOPK = 16  # LlBufferOptions::max_topk's bound
+
+
+class DispatchHandle:
+    """What DeepEP's HT handle is for: combine and cached dispatch take it back. Not DeepEP's 6-tuple of
+    tensors (rank_prefix_matrix, ...): epx's routing state lives in its buffer. Public fields:
+    recv_src_idx ([rows] int32, each received row's token index on its source, -1 for padding),
+    num_recv_tokens (N, or None in worst-case form) and num_tokens (T dispatched by this rank)."""
+
+    def __init__(self, native: HtHandle, topk_idx, recv_src_idx, num_recv_tokens: Optional[int]):
+        self.native = native
+        self.topk_idx = topk_idx  # a copy: a cached dispatch re-sends the same routing
+        self.recv_src_idx = recv_src_idx
+        self.num_recv_tokens = num_recv_tokens
+        self.num_tokens = native.num_tokens
+
+
+class LowLatencyHandle(tuple):
+    """DeepEP's LL handle: (src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden, num_experts).
+
+    src_info is [E_local, C] int32, the token index on its source rank, as in DeepEP. layout_range is
+    [E_local, R] int64 as in DeepEP, but packs epx's (begin, count) pair with begin in the low 32 bits and
+    count in the high 32 bits (DeepEP packs count low, begin high):
+    ``begin = layout_range & 0xFFFFFFFF; count = layout_range >> 32``.
+    """
+
+    def __new__(cls, items, native: LlHandle):
+        handle = super().__new__(cls, items)
+        handle.native = native
+        return handle
+
+
+def layout_of(topk_idx, num_experts: int, num_ranks: int):
+    """(num_tokens_per_rank [R] int32, num_tokens_per_expert [E] int32, is_token_in_rank [T, R] bool) in
+    torch, on topk_idx's device and current stream: what epx's layout kernel computes (a token naming
+    one expert twice counts once; ids outside [0, E) count as -1, the dispatch reports them)."""
+    t = torch()
+    T = topk_idx.size(0)
+    idx = topk_idx.long()
+    valid = (idx >= 0) & (idx < num_experts)
+    hit = t.zeros((T, num_experts + 1), dtype=t.bool, device=idx.device)  # column E collects the -1s
+    hit.scatter_(1, t.where(valid, idx, t.full_like(idx, num_experts)), True)
+    hit = hit[:, :num_experts]
+    in_rank = hit.reshape(T, num_ranks, num_experts // num_ranks).any(2)
+    return in_rank.sum(0, dtype=t.int32), hit.sum(0, dtype=t.int32), in_rank
+
+
+def _int(value, name: str) -> int:
+    """An integer argument (Python or numpy int); floats such as 1e9 are refused, not truncated."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"epx: {name} must be an int, got {type(value).__name__}") from None
+
+
+class Buffer:
+    """DeepEP V1's Buffer, on epx. See the module docstring for how the two meet.
+
+    Arguments epx accepts but does not need: num_qps_per_rank (RDMA queue pairs: epx's LL runs over
+    NVLink), allow_mnnvl and use_fabric (epx uses the NVLink domain NCCL reports, multi-node NVLink
+    included, and NCCL's allocator). Arguments epx cannot honour raise NotImplementedError:
+    allow_nvlink_for_low_latency_mode=False (epx's LL is NVLink-only) and enable_shrink=True (rank
+    masking). comm (an mpi4py communicator) may replace group, as in DeepEP.
+    """
+
+    num_sms: int = 20
+
+    def __init__(
+        self,
+        group=None,
+        num_nvl_bytes: int = 0,
+        num_rdma_bytes: int = 0,
+        low_latency_mode: bool = False,
+        num_qps_per_rank: int = 24,
+        allow_nvlink_for_low_latency_mode: bool = True,
+        allow_mnnvl: bool = False,
+        use_fabric: bool = False,
+        explicitly_destroy: bool = False,
+        enable_shrink: bool = False,
+        comm=None,
+    ) -> None:
+        num_nvl_bytes = _int(num_nvl_bytes, "num_nvl_bytes")
+        num_rdma_bytes = _int(num_rdma_bytes, "num_rdma_bytes")
+        _int(num_qps_per_rank, "num_qps_per_rank")
+        if num_nvl_bytes < 0 or num_rdma_bytes < 0:
+            raise ValueError(f"epx: buffer sizes must be >= 0, got {num_nvl_bytes}, {num_rdma_bytes}")
+        if enable_shrink:
+            raise NotImplementedError(_MASK_UNSUPPORTED)
+        if not allow_nvlink_for_low_latency_mode:
+            raise NotImplementedError(
+                "epx: the low-latency mode runs over NVLink only; "
+                "allow_nvlink_for_low_latency_mode=False cannot be honoured"
+            )
+        if group is None and comm is None:
+            raise ValueError("Either 'group' or 'comm' must be provided.")
+        self._team = None
+        self._ht: Optional[HtBuffer] = None
+        self._ll: Optional[LlBuffer] = None
+        if group is not None:
+            self._team = Team.from_group(group)
+        else:
+            self._team = Team.from_mpi(comm)
+        self.group = group if group is not None else comm
+        self.rank = self._team.rank
+        self.group_size = self._team.size
+        self.num_nvl_bytes = num_nvl_bytes
+        self.num_rdma_bytes = num_rdma_bytes
+        self.low_latency_mode = low_latency_mode
+        self.explicitly_destroy = explicitly_destroy
+        self.enable_shrink = enable_shrink
+        self._ht_num_sms = 0
+        self._last_num_experts: Optional[int] = None
+        self._comm_stream = torch().cuda.Stream(device=self._team.device)
+
+    # ---- static helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        """Whether the kernels were compiled for Hopper (epx always is, for sm_90a)."""
+        info = _loader.build_info()
+        return info is not None and "90" in str(getattr(info, "cuda_architectures", ""))
+
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        """The SMs (CTAs) epx's HT kernels use, for every Buffer; DeepEP's default is 20, and so is this."""
+        _int(new_num_sms, "new_num_sms")
+        if new_num_sms % 2 != 0:
+            raise ValueError("The SM count must be even")
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An event recorded on the current stream (to pass as previous_event)."""
+        event = torch().cuda.Event()
+        event.record(torch().cuda.current_stream())
+        return EventOverlap(event)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(
+        num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int
+    ) -> int:
+        """num_rdma_bytes for low-latency calls of these shapes: what epx's LL buffer needs, for top-k up
+        to LL_DEFAULT_TOPK (8). A larger top-k needs more; the first call then says how much."""
+        return LlBuffer.required_bytes(
+            _int(num_ranks, "num_ranks"),
+            max_tokens_per_rank=_int(num_max_dispatch_tokens_per_rank, "num_max_dispatch_tokens_per_rank"),
+            hidden=_int(hidden, "hidden"),
+            max_topk=LL_DEFAULT_TOPK,
+            num_experts=_int(num_experts, "num_experts"),
+        )
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        """A Config with Buffer.num_sms (epx needs no per-rank-count table: any team size works)."""
+        if _int(num_ranks, "num_ranks") < 1:
+            raise ValueError(f"epx: num_ranks must be >= 1, got {num_ranks}")
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        if _int(num_ranks, "num_ranks") < 1:
+            raise ValueError(f"epx: num_ranks must be >= 1, got {num_ranks}")
+        return Config(Buffer.num_sms)
+
+    # ---- state ---------------------------------------------------------------------------------------
+    def get_comm_stream(self):
+        """The stream async_finish calls run on (a torch.cuda.Stream)."""
+        return self._comm_stream
+
+    @property
+    def ht_max_tokens_per_rank(self) -> int:
+        """Tokens per rank the HT buffer holds (0 before the first dispatch made it)."""
+        return self._ht.max_tokens_per_rank if self._ht is not None else 0
+
+    def destroy(self) -> None:
+        """Frees the buffers and the team (collective). Needs explicitly_destroy=True, as in DeepEP;
+        without it they are freed when the Buffer is collected."""
+        if not self.explicitly_destroy:
+            raise RuntimeError("`explicitly_destroy` flag must be set")
+        self._free()
+
+    def _free(self) -> None:
+        for name in ("_ll", "_ht"):
+            buffer = getattr(self, name, None)
+            if buffer is not None:
+                setattr(self, name, None)
+                buffer.destroy()
+        team, self._team = getattr(self, "_team", None), None
+        if team is not None:
+            team.destroy()
+
+    def __del__(self):
+        if sys.is_finalizing() or getattr(self, "explicitly_destroy", True):
+            return
+        try:
+            self._free()
+        except Exception:
+            pass
+
+    def _require_team(self) -> Team:
+        if self._team is None:
+            raise RuntimeError("epx: this Buffer was destroyed")
+        return self._team
+
+    def _streams(self, previous_event, async_finish: bool, allocate_on_comm_stream: bool) -> CallStreams:
+        if allocate_on_comm_stream and (previous_event is None or not async_finish):
+            raise ValueError("allocate_on_comm_stream needs previous_event and async_finish (as in DeepEP)")
+        return CallStreams(
+            self._comm_stream, self._require_team().device, None, async_finish, previous_event, allocate_on_comm_stream
+        )
+
+    @staticmethod
+    def _no_capture(what: str) -> None:
+        if torch().cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"epx: the {what} buffer is made by the first call with these shapes, and that cannot "
+                "happen inside a CUDA graph capture: run one call eagerly before capturing"
+            )
+
+    # ---- HT ------------------------------------------------------------------------------------------
+    def _ht_for(self, hidden: int, topk: int, num_experts: int) -> HtBuffer:
+        """The HT buffer for these shapes, made (collectively, at the same call on every rank: the shapes
+        are the same everywhere) when there is none or the present one is too small."""
+        current = self._ht
+        if (
+            current is not None
+            and hidden <= current.hidden
+            and topk <= current.max_topk
+            and num_experts == current.num_experts
+        ):
+            return current
+        self._no_capture("HT")
+        team = self._require_team()
+        if current is not None and num_experts == current.num_experts:
+            hidden, topk = max(hidden, current.hidden), max(topk, current.max_topk)
+        topk = max(topk, min(HT_DEFAULT_TOPK, _HT_MAX_TOPK))
+        tokens = self._ht_tokens_within(team.size, hidden, topk, num_experts)
+        if tokens < 1:
+            need = HtBuffer.required_bytes(
+                team.size, max_tokens_per_rank=1, hidden=hidden, max_topk=topk, num_experts=num_experts
+            )
+            raise ValueError(
+                f"epx: num_nvl_bytes={self.num_nvl_bytes} is too small for HT calls of hidden {hidden}, "
+                f"top-{topk}, {num_experts} experts (one token per rank needs {need} bytes)"
+            )
+        if current is not None:
+            self._ht = None
+            current.destroy()
+        self._ht = HtBuffer(
+            team,
+            max_tokens_per_rank=tokens,
+            hidden=hidden,
+            max_topk=topk,
+            num_experts=num_experts,
+            num_sms=Buffer.num_sms,
+        )
+        self._ht_num_sms = Buffer.num_sms
+        return self._ht
+
+    def _ht_tokens_within(self, num_ranks: int, hidden: int, topk: int, num_experts: int) -> int:
+        """The most tokens per rank whose HT buffer fits in num_nvl_bytes (0 if not even one)."""
+
+        def need(tokens: int) -> int:
+            return HtBuffer.required_bytes(
+                num_ranks, max_tokens_per_rank=tokens, hidden=hidden, max_topk=topk, num_experts=num_experts
+            )
+
+        if need(1) > self.num_nvl_bytes:
+            return 0
+        lo, hi = 1, ((1 << 31) - 1) // num_ranks  # R * T_max must fit in int32
+        while lo < hi:  # need() grows with tokens: the last that fits
+            mid = (lo + hi + 1) // 2
+            if need(mid) <= self.num_nvl_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _set_ht_sms(self, buffer: HtBuffer, config: Optional[Config]) -> None:
+        num_sms = config.num_sms if config is not None else Buffer.num_sms
+        if num_sms != self._ht_num_sms:
+            buffer.num_sms = num_sms
+            self._ht_num_sms = num_sms
+
+    def get_dispatch_layout(
+        self,
+        topk_idx,
+        num_experts: int,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ):
+        """(num_tokens_per_rank [R] int32, None, num_tokens_per_expert [E] int32, is_token_in_rank [T, R] bool,
+        event). epx's dispatch computes its own layout, so these are for the caller only; a token naming
+        one expert twice counts once."""
+        t = torch()
+        team = self._require_team()
+        check_device(topk_idx, "topk_idx", team.device)
+        if topk_idx.dim() != 2 or topk_idx.dtype not in (t.int64, t.int32):
+            raise ValueError(
+                f"epx: topk_idx must be [num_tokens, num_topk] int64 (or int32), got "
+                f"{topk_idx.dtype} {tuple(topk_idx.shape)}"
+            )
+        if _int(num_experts, "num_experts") < team.size or num_experts % team.size != 0:
+            raise ValueError(
+                f"epx: num_experts ({num_experts}) must be a positive multiple of the group size ({team.size})"
+            )
+        self._last_num_experts = num_experts
+        s = self._streams(previous_event, async_finish, allocate_on_comm_stream)
+        if self._ht is not None and self._ht.num_experts == num_experts:
+            layout = self._ht.get_layout(topk_idx, streams=s)
+            return (
+                layout.num_tokens_per_rank,
+                None,
+                layout.num_tokens_per_expert,
+                layout.is_token_in_rank,
+                EventOverlap(layout.event),
+            )
+        # No HT buffer yet (its hidden size is known only at the first dispatch): the same layout in torch.
+        per_rank, per_expert, in_rank = self._torch_layout(s, topk_idx, num_experts)
+        return per_rank, None, per_expert, in_rank, EventOverlap(s.finish((topk_idx, per_rank, per_expert, in_rank)))
+
+    def _torch_layout(self, s: CallStreams, topk_idx, num_experts: int):
+        t = torch()
+        with t.cuda.stream(s.call):
+            layout = layout_of(topk_idx, num_experts, self._require_team().size)
+        outputs = []
+        for tensor in layout:  # owned by the allocation stream, as DeepEP's outputs
+            out = s.empty(tensor.shape, tensor.dtype, self._team.device)
+            with t.cuda.stream(s.call):
+                out.copy_(tensor)
+            outputs.append(out)
+        return outputs
+
+    def dispatch(
+        self,
+        x: Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]],
+        handle=None,
+        num_tokens_per_rank=None,
+        num_tokens_per_rdma_rank=None,
+        is_token_in_rank=None,
+        num_tokens_per_expert=None,
+        topk_idx=None,
+        topk_weights=None,
+        expert_alignment: int = 1,
+        num_worst_tokens: int = 0,
+        config: Optional[Config] = None,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ):
+        """HT dispatch: (recv_x or (recv_x, recv_x_scales), recv_topk_idx, recv_topk_weights,
+        num_recv_tokens_per_expert_list, handle, event).
+
+        x is bf16 [T, H], or (fp8 [T, H], float32 scales [T, H/128], row- or column-major). Outputs are
+        fresh tensors, as in DeepEP: epx copies them out of its buffer (one device copy per output, on
+        the call's stream). recv_topk_idx holds local expert ids (-1 elsewhere). num_tokens_per_rank,
+        num_tokens_per_rdma_rank and is_token_in_rank are accepted and not needed (epx routes by topk_idx);
+        num_tokens_per_expert gives the expert count (else the last get_dispatch_layout's). With
+        num_worst_tokens > 0 the outputs have that many rows (padding: src -1, topk_idx -1, weights 0) and the
+        list is empty. With handle (cached dispatch) the routing is the handle's and the call returns
+        (recv_x, None, None, None, None, event). The handle is a DispatchHandle, not DeepEP's tuple.
+        """
+        team = self._require_team()
+        x, x_scales = x if isinstance(x, tuple) else (x, None)
+        check_device(x, "x", team.device)
+        _int(expert_alignment, "expert_alignment")
+        _int(num_worst_tokens, "num_worst_tokens")
+        if handle is not None:
+            if topk_idx is not None or topk_weights is not None:
+                raise ValueError("epx: a cached dispatch (handle given) takes no topk_idx or topk_weights")
+            if not isinstance(handle, DispatchHandle):
+                raise TypeError("epx: handle must be the one epx.deep_ep's dispatch returned")
+            buffer = handle.native.buffer
+            if buffer is not self._ht:
+                raise RuntimeError(
+                    "epx: the handle's HT buffer was replaced by a larger one since (a later dispatch "
+                    "had a larger hidden size or top-k); dispatch again without the handle"
+                )
+            self._set_ht_sms(buffer, config)
+            s = self._streams(previous_event, async_finish, allocate_on_comm_stream)
+            r = buffer.dispatch(
+                x,
+                handle.topk_idx,
+                None,
+                x_scales=x_scales,
+                expert_alignment=handle.native.expert_alignment,
+                num_worst_tokens=num_worst_tokens,
+                cached=handle.native,
+                copy=True,
+                streams=s,
+            )
+            recv_x = (r.recv_x, r.recv_x_scales) if x_scales is not None else r.recv_x
+            return recv_x, None, None, None, None, EventOverlap(r.event)
+
+        if topk_idx is None:
+            raise NotImplementedError(
+                "epx routes tokens by topk_idx: a dispatch without topk_idx (is_token_in_rank alone) is not supported"
+            )
+        check_device(topk_idx, "topk_idx", team.device)
+        if topk_idx.dim() != 2:
+            raise ValueError(f"epx: topk_idx must be [num_tokens, num_topk], got {tuple(topk_idx.shape)}")
+        if num_tokens_per_expert is not None:
+            num_experts = num_tokens_per_expert.numel()
+        elif self._last_num_experts is not None:
+            num_experts = self._last_num_experts
+        else:
+            raise ValueError(
+                "epx: pass num_tokens_per_expert (from get_dispatch_layout) so that epx knows the number of experts"
+            )
+        buffer = self._ht_for(x.size(1), topk_idx.size(1), num_experts)
+        if x.size(0) > buffer.max_tokens_per_rank:
+            need = HtBuffer.required_bytes(
+                team.size,
+                max_tokens_per_rank=x.size(0),
+                hidden=buffer.hidden,
+                max_topk=buffer.max_topk,
+                num_experts=num_experts,
+            )
+            raise ValueError(
+                f"epx: num_nvl_bytes={self.num_nvl_bytes} holds {buffer.max_tokens_per_rank} tokens per "
+                f"rank for these shapes (epx keeps every received token); this dispatch has {x.size(0)}: "
+                f"make the Buffer with num_nvl_bytes >= {need}"
+            )
+        self._set_ht_sms(buffer, config)
+        s = self._streams(previous_event, async_finish, allocate_on_comm_stream)
+        routing = s.copy(topk_idx, team.device)  # before the dispatch, in its stream order: cached calls read it
+        r = buffer.dispatch(
+            x,
+            topk_idx,
+            topk_weights,
+            x_scales=x_scales,
+            expert_alignment=expert_alignment,
+            num_worst_tokens=num_worst_tokens,
+            copy=True,
+            streams=s,
+        )
+        handle = DispatchHandle(r.handle, routing, r.recv_src_idx, r.num_recv_tokens)
+        recv_x = (r.recv_x, r.recv_x_scales) if x_scales is not None else r.recv_x
+        counts: List[int] = r.num_recv_tokens_per_expert_list if num_worst_tokens == 0 else []
+        recv_topk_weights = r.recv_topk_weights if topk_weights is not None else None
+        return recv_x, r.recv_topk_idx, recv_topk_weights, counts, handle, EventOverlap(r.event)
+
+    def combine(
+        self,
+        x,
+        handle,
+        topk_weights=None,
+        bias=None,
+        config: Optional[Config] = None,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ):
+        """HT combine: (combined_x [T, H] bf16, combined_topk_weights [T, K] float32 or None, event).
+        Sums, without weights, each token's rows from the ranks it went to (float32 accumulation). bias: a
+        tensor, or DeepEP's pair with at most one tensor (epx adds one bias; two raise)."""
+        if not isinstance(handle, DispatchHandle):
+            raise TypeError("epx: handle must be the one epx.deep_ep's dispatch returned")
+        buffer = handle.native.buffer
+        if buffer is not self._ht:
+            raise RuntimeError("epx: the handle's HT buffer was replaced since its dispatch")
+        if isinstance(bias, (tuple, list)):
+            given = [b for b in bias if b is not None]
+            if len(given) > 1:
+                raise NotImplementedError("epx: combine adds one bias; pass their sum")
+            bias = given[0] if given else None
+        self._set_ht_sms(buffer, config)
+        s = self._streams(previous_event, async_finish, allocate_on_comm_stream)
+        r = buffer.combine(x, handle.native, topk_weights=topk_weights, bias=bias, copy=True, streams=s)
+        return r.x, r.topk_weights, EventOverlap(r.event)
+
+    # ---- LL ------------------------------------------------------------------------------------------
+    def _ll_for(self, max_tokens: int, hidden: int, topk: int, num_experts: int) -> LlBuffer:
+        if not self.low_latency_mode:
+            raise RuntimeError("epx: low-latency calls need Buffer(..., low_latency_mode=True)")
+        current = self._ll
+        if (
+            current is not None
+            and current.max_tokens_per_rank == max_tokens
+            and current.num_experts == num_experts
+            and hidden <= current.hidden
+            and topk <= current.max_topk
+        ):
+            return current
+        self._no_capture("LL")
+        team = self._require_team()
+        if current is not None and current.max_tokens_per_rank == max_tokens and current.num_experts == num_experts:
+            hidden, topk = max(hidden, current.hidden), max(topk, current.max_topk)
+
+        def need(k: int) -> int:
+            return LlBuffer.required_bytes(
+                team.size, max_tokens_per_rank=max_tokens, hidden=hidden, max_topk=k, num_experts=num_experts
+            )
+
+        roomy = min(max(topk, LL_DEFAULT_TOPK), _LL_MAX_TOPK)
+        topk = roomy if need(roomy) <= self.num_rdma_bytes else topk
+        if need(topk) > self.num_rdma_bytes:
+            raise ValueError(
+                f"epx: num_rdma_bytes={self.num_rdma_bytes} is too small for low-latency calls of "
+                f"{max_tokens} tokens per rank, hidden {hidden}, top-{topk}, {num_experts} experts: epx "
+                f"needs {need(topk)} bytes"
+            )
+        if current is not None:
+            self._ll = None
+            current.destroy()
+        self._ll = LlBuffer(team, max_tokens_per_rank=max_tokens, hidden=hidden, max_topk=topk, num_experts=num_experts)
+        return self._ll
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Nothing to do in epx: its flags only grow, so no buffer needs zeroing between HT and LL calls."""
+        _int(num_max_dispatch_tokens_per_rank, "num_max_dispatch_tokens_per_rank")
+        _int(hidden, "hidden")
+        _int(num_experts, "num_experts")
+
+    def low_latency_dispatch(
+        self,
+        x,
+        topk_idx,
+        num_max_dispatch_tokens_per_rank: int,
+        num_experts: int,
+        cumulative_local_expert_recv_stats=None,
+        dispatch_wait_recv_cost_stats=None,
+        use_fp8: bool = True,
+        round_scale: bool = False,
+        use_ue8m0: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+    ):
+        """LL dispatch: (recv_x or (recv_x, recv_x_scales), recv_count, handle, event, hook).
+
+        recv_x [E_local, R * T_max, H] fp8 (use_fp8) or bf16; scales [E_local, R * T_max, H / 128] float32 (or
+        H / 512 int32 with use_ue8m0), per expert column-major as in DeepEP; recv_count [E_local] int32.
+        Within an expert, rows are ordered by source rank, then token. hook is None unless return_recv_hook:
+        then call it (once) to receive. dispatch_wait_recv_cost_stats is not supported.
+        """
+        if dispatch_wait_recv_cost_stats is not None:
+            raise NotImplementedError(
+                "epx: dispatch_wait_recv_cost_stats (per-rank receive wait times) is not implemented"
+            )
+        if async_finish and return_recv_hook:
+            raise ValueError("async_finish and return_recv_hook cannot both be set")
+        team = self._require_team()
+        check_device(x, "x", team.device)
+        check_device(topk_idx, "topk_idx", team.device)
+        if x.dim() != 2 or topk_idx.dim() != 2:
+            raise ValueError(
+                f"epx: x must be [num_tokens, hidden] and topk_idx [num_tokens, num_topk], got "
+                f"{tuple(x.shape)} and {tuple(topk_idx.shape)}"
+            )
+        max_tokens = _int(num_max_dispatch_tokens_per_rank, "num_max_dispatch_tokens_per_rank")
+        _int(num_experts, "num_experts")
+        buffer = self._ll_for(max_tokens, x.size(1), topk_idx.size(1), num_experts)
+        s = self._streams(None, async_finish, False)
+        r = buffer.dispatch(
+            x,
+            topk_idx,
+            None,
+            use_fp8=use_fp8,
+            round_scale=round_scale,
+            use_ue8m0=use_ue8m0,
+            cumulative_recv_count=cumulative_local_expert_recv_stats,
+            send_only=return_recv_hook,
+            streams=s,
+        )
+        handle = LowLatencyHandle((r.src_idx, r.layout_range, max_tokens, x.size(1), num_experts), r.handle)
+        recv_x = (r.recv_x, r.recv_x_scales) if use_fp8 else r.recv_x
+        kept = (
+            x,
+            topk_idx,
+            r.recv_x,
+            r.recv_x_scales,
+            r.recv_count,
+            r.src_idx,
+            r.layout_range,
+            cumulative_local_expert_recv_stats,
+        )
+        return recv_x, r.recv_count, handle, EventOverlap(r.event, kept if async_finish else None), r.receive
+
+    def low_latency_combine(
+        self,
+        x,
+        topk_idx,
+        topk_weights,
+        handle,
+        use_logfmt: bool = False,
+        zero_copy: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+        out=None,
+        combine_wait_recv_cost_stats=None,
+    ):
+        """LL combine: (combined_x [T, H] bf16, event, hook). out[t] = sum_k topk_weights[t][k] * x[expert k][row],
+        float32 accumulation, in the plain per-slot order (epx's naive order: DeepEP gives the weights only
+        here). topk_idx is the dispatch's (epx keeps the routing; its shape is checked). zero_copy is
+        accepted: epx reads x in place whatever it is. use_logfmt and combine_wait_recv_cost_stats are
+        not supported."""
+        if use_logfmt:
+            raise NotImplementedError("epx: use_logfmt (LogFMT-compressed combine) is not implemented")
+        if combine_wait_recv_cost_stats is not None:
+            raise NotImplementedError("epx: combine_wait_recv_cost_stats is not implemented")
+        if async_finish and return_recv_hook:
+            raise ValueError("async_finish and return_recv_hook cannot both be set")
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError("epx: handle must be the one epx.deep_ep's low_latency_dispatch returned")
+        native = handle.native
+        if native.buffer is not self._ll:
+            raise RuntimeError("epx: the handle's LL buffer was replaced since its dispatch")
+        team = self._require_team()
+        check_device(topk_idx, "topk_idx", team.device)
+        if tuple(topk_idx.shape) != (native.num_tokens, native.topk):
+            raise ValueError(
+                f"epx: topk_idx must be the dispatch's [{native.num_tokens}, {native.topk}], got "
+                f"{tuple(topk_idx.shape)}"
+            )
+        s = self._streams(None, async_finish, False)
+        r = native.buffer.combine(
+            x, native, topk_weights=topk_weights, order="naive", out=out, send_only=return_recv_hook, streams=s
+        )
+        kept = (x, topk_idx, topk_weights, handle[0], handle[1], r.out)
+        return r.out, EventOverlap(r.event, kept if async_finish else None), r.receive
+
+    def get_next_low_latency_combine_buffer(self, handle):
+        """[E_local, R * T_max, hidden] bf16 owned by epx, for low_latency_combine's x (zero copy). epx reads
+        any x in place, so this is a convenience: the memory is allocated on the first call."""
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError("epx: handle must be the one epx.deep_ep's low_latency_dispatch returned")
+        buffer = handle.native.buffer
+        if buffer is not self._ll:
+            raise RuntimeError("epx: the handle's LL buffer was replaced since its dispatch")
+        return buffer.combine_buffer()[:, :, : handle[3]]
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False):
+        raise NotImplementedError(_MASK_UNSUPPORTED)
+
+    def low_latency_query_mask_buffer(self, mask_status):
+        raise NotImplementedError(_MASK_UNSUPPORTED)
+
+    def low_latency_clean_mask_buffer(self):
+        raise NotImplementedError(_MASK_UNSUPPORTED)
+
+
+__all__ = ["Buffer", "DispatchHandle", "LowLatencyHandle"]

@@ -1,0 +1,58 @@
+"""Config: DeepEP's per-call tuning record. epx reads num_sms from it; the chunk sizes tune DeepEP's
+ring buffers, which epx does not have, and are kept only so that code which builds or reads a Config
+works unchanged. Its size hints are epx's."""
+
+from __future__ import annotations
+
+# The HT size hint is for this many tokens per rank, top-8, 256 experts (epx's HtBufferOptions
+# defaults): epx keeps every received token, so its HT buffer grows with the tokens per rank, which
+# DeepEP's hint does not take. To dispatch more tokens, pass more bytes (epx.HtBuffer.required_bytes).
+HT_HINT_TOKENS_PER_RANK = 4096
+HT_HINT_TOPK = 8
+HT_HINT_EXPERTS_PER_RANK = 128
+
+
+class Config:
+    def __init__(
+        self,
+        num_sms: int = 20,
+        num_max_nvl_chunked_send_tokens: int = 6,
+        num_max_nvl_chunked_recv_tokens: int = 256,
+        num_max_rdma_chunked_send_tokens: int = 6,
+        num_max_rdma_chunked_recv_tokens: int = 256,
+    ) -> None:
+        if int(num_sms) < 1:
+            raise ValueError(f"epx: Config.num_sms must be >= 1, got {num_sms}")
+        self.num_sms = int(num_sms)
+        self.num_max_nvl_chunked_send_tokens = int(num_max_nvl_chunked_send_tokens)
+        self.num_max_nvl_chunked_recv_tokens = int(num_max_nvl_chunked_recv_tokens)
+        self.num_max_rdma_chunked_send_tokens = int(num_max_rdma_chunked_send_tokens)
+        self.num_max_rdma_chunked_recv_tokens = int(num_max_rdma_chunked_recv_tokens)
+
+    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        """Bytes of num_nvl_bytes for HT calls of hidden_bytes per token (hidden * 2 for BF16), sized for
+        HT_HINT_TOKENS_PER_RANK tokens per rank (see above)."""
+        from ..ht import HtBuffer
+
+        if int(hidden_bytes) <= 0 or int(num_ranks) < 1:
+            raise ValueError(f"epx: need hidden_bytes > 0 and num_ranks >= 1, got {hidden_bytes}, {num_ranks}")
+        hidden = -(-int(hidden_bytes) // 2)  # BF16 elements, the widest payload epx moves
+        hidden = -(-hidden // 128) * 128
+        return HtBuffer.required_bytes(
+            int(num_ranks),
+            max_tokens_per_rank=HT_HINT_TOKENS_PER_RANK,
+            hidden=hidden,
+            max_topk=HT_HINT_TOPK,
+            num_experts=int(num_ranks) * HT_HINT_EXPERTS_PER_RANK,
+        )
+
+    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        """0: epx's HT mode needs no RDMA buffer (it runs within one NVLink domain)."""
+        return 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Config(num_sms={self.num_sms}, nvl_chunks=({self.num_max_nvl_chunked_send_tokens}, "
+            f"{self.num_max_nvl_chunked_recv_tokens}), rdma_chunks=({self.num_max_rdma_chunked_send_tokens}, "
+            f"{self.num_max_rdma_chunked_recv_tokens}))"
+        )

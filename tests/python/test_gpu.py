@@ -1,0 +1,93 @@
+"""GPU tests: two processes, one GPU each, in a torch.distributed (NCCL) group, as users run epx.
+Each test is one scenario of gpu_scenarios.py, run by both ranks; skipped without 2 GPUs."""
+
+import queue
+
+import pytest
+
+from conftest import cuda_devices
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(cuda_devices() < 2, reason="skipped: needs 2 GPUs (these tests run two ranks)"),
+]
+
+SCENARIO_TIMEOUT_S = 300
+
+
+class Ranks:
+    def __init__(self, tmp_dir):
+        import torch.multiprocessing as mp
+
+        import gpu_scenarios
+
+        ctx = mp.get_context("spawn")
+        self.tasks = [ctx.Queue() for _ in range(gpu_scenarios.R)]
+        self.results = ctx.Queue()
+        init_file = str(tmp_dir / "dist_init")
+        self.procs = [
+            ctx.Process(
+                target=gpu_scenarios.serve,
+                args=(r, gpu_scenarios.R, init_file, self.tasks[r], self.results),
+                daemon=True,
+            )
+            for r in range(gpu_scenarios.R)
+        ]
+        for p in self.procs:
+            p.start()
+        self.ready_error = self.collect("__ready__")
+
+    def collect(self, name):
+        errors = {}
+        for _ in self.procs:
+            try:
+                rank, got, error = self.results.get(timeout=SCENARIO_TIMEOUT_S)
+            except queue.Empty:
+                dead = [p.exitcode for p in self.procs]
+                return f"{name}: no answer within {SCENARIO_TIMEOUT_S} s (worker exit codes {dead})"
+            assert got == name, (got, name)
+            if error:
+                errors[rank] = error
+        return "\n".join(f"rank {r}:\n{e}" for r, e in sorted(errors.items())) or None
+
+    def run(self, name):
+        if self.ready_error:
+            pytest.fail(f"the ranks did not start:\n{self.ready_error}")
+        for t in self.tasks:
+            t.put(name)
+        error = self.collect(name)
+        if error:
+            pytest.fail(error)
+
+    def close(self):
+        for t in self.tasks:
+            t.put(None)
+        for p in self.procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    r = Ranks(tmp_path_factory.mktemp("epx_gpu"))
+    yield r
+    r.close()
+
+
+SCENARIOS = [
+    "ht_layout",
+    "ht_dispatch_combine_bf16",
+    "ht_dispatch_fp8_column_major_scales",
+    "ht_worst_case_and_cached",
+    "ht_async_previous_event",
+    "ll_dispatch_bf16_combine",
+    "ll_dispatch_fp8",
+    "ll_hooks_and_async",
+    "native_buffer",
+]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_two_ranks(ranks, scenario):
+    ranks.run(scenario)

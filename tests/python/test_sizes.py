@@ -1,0 +1,65 @@
+"""Buffer sizes and DeepEP's size hints (host arithmetic: no GPU)."""
+
+import pytest
+
+import epx
+from epx import deep_ep
+from epx.deep_ep.buffer import Buffer as DeepEpBuffer
+
+
+def ht_bytes(R, T, H=7168, K=8, E=256):
+    return epx.HtBuffer.required_bytes(R, max_tokens_per_rank=T, hidden=H, max_topk=K, num_experts=E)
+
+
+def test_ht_bytes_per_token_worked_by_hand():
+    # Per token a rank may receive (R of them per token slot): x row 2H (BF16, the widest), scales
+    # 4 * H/128, src_idx 4, topk_idx 8K, weights 4K; the combine input again 2H and 4K. Per token it
+    # sends: the combine output 2H and its weights 4K (private). With T a multiple of 256 every array
+    # stays a multiple of the 128-byte alignment, so the difference is exact.
+    R, H, K = 2, 7168, 8
+    per_token = R * (2 * H + 4 * H // 128 + 4 + 8 * K + 4 * K + 2 * H + 4 * K) + (2 * H + 4 * K)
+    assert per_token == 72424
+    assert ht_bytes(R, 4096 + 256) - ht_bytes(R, 4096) == 256 * per_token
+
+
+def test_ht_bytes_grow_with_ranks_tokens_hidden():
+    assert ht_bytes(2, 4096) < ht_bytes(4, 4096) < ht_bytes(8, 4096)
+    assert ht_bytes(2, 1024) < ht_bytes(2, 2048)
+    assert ht_bytes(2, 4096, H=4096) < ht_bytes(2, 4096, H=7168)
+
+
+def test_nvl_hint_holds_the_documented_tokens():
+    hint = deep_ep.Config(24).get_nvl_buffer_size_hint(7168 * 2, 2)
+    assert hint == ht_bytes(2, deep_ep.config.HT_HINT_TOKENS_PER_RANK, K=deep_ep.config.HT_HINT_TOPK)
+    assert deep_ep.Config().get_rdma_buffer_size_hint(7168 * 2, 2) == 0
+    # An FP8 caller's hidden_bytes (hidden * 1) still gets room for BF16 rows of that hidden size.
+    assert deep_ep.Config().get_nvl_buffer_size_hint(7168, 2) == ht_bytes(2, 4096, H=3584)
+
+
+def test_ll_hint_is_the_ll_buffers_size_for_top8():
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 2, 256)
+    assert hint == epx.LlBuffer.required_bytes(2, max_tokens_per_rank=128, hidden=7168, max_topk=8, num_experts=256)
+    # A larger top-k needs more (combine keeps max(R, K) rows per token).
+    assert hint < epx.LlBuffer.required_bytes(2, max_tokens_per_rank=128, hidden=7168, max_topk=16, num_experts=256)
+    assert hint < deep_ep.Buffer.get_low_latency_rdma_size_hint(256, 7168, 2, 256)
+
+
+def test_hint_arguments_are_checked():
+    with pytest.raises(TypeError):
+        deep_ep.Buffer.get_low_latency_rdma_size_hint(128.0, 7168, 2, 256)
+    with pytest.raises(ValueError):
+        deep_ep.Config().get_nvl_buffer_size_hint(0, 2)
+    with pytest.raises(ValueError, match="num_ranks"):
+        epx.HtBuffer.required_bytes(0)
+    with pytest.raises(ValueError, match="num_ranks"):
+        epx.LlBuffer.required_bytes(-1)
+
+
+def test_tokens_per_rank_are_the_most_that_fit_in_num_nvl_bytes():
+    buffer = DeepEpBuffer.__new__(DeepEpBuffer)  # only the sizing, no team
+    for budget in (ht_bytes(2, 1000), ht_bytes(2, 1000) + 1, ht_bytes(2, 1001) - 1, ht_bytes(2, 4096)):
+        buffer.num_nvl_bytes = budget
+        tokens = buffer._ht_tokens_within(2, 7168, 8, 256)
+        assert ht_bytes(2, tokens) <= budget < ht_bytes(2, tokens + 1)
+    buffer.num_nvl_bytes = ht_bytes(2, 1) - 1
+    assert buffer._ht_tokens_within(2, 7168, 8, 256) == 0
