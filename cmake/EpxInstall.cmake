@@ -7,10 +7,13 @@ install(TARGETS epx EXPORT epxTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES
+          include/epx/epx.h
           include/epx/epx.hpp
           include/epx/error.hpp
           include/epx/export.hpp
           include/epx/ht.hpp
+          include/epx/ll.hpp
+          include/epx/streams.hpp
           include/epx/team.hpp
           include/epx/tensor.hpp
           include/epx/version.hpp

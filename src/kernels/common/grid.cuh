@@ -11,27 +11,25 @@ namespace epx::kernels {
 
 constexpr int kWarp = 32;
 
-__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-
 // Whether a wait of this rank's team has expired (then its kernels stop and signal nothing more).
 __device__ inline bool team_failed(const transport::TeamView& team) {
   return transport::load_relaxed_sys(&team.report->claimed) != 0u;
 }
 
 // Called by every thread of every CTA once its own stores are issued. Each CTA: __syncthreads; thread 0
-// fences (acquire-release, system scope) and adds one to `blocks_done`, a private counter that is zero
-// between kernels. The CTA that brings it to gridDim.x is the last: it resets the counter and fences
-// again, so every CTA's stores (and loads) are ordered before whatever release it issues next (fence-
-// fence synchronisation through the counter). Returns true on every thread of the last CTA.
+// fences (system scope, sequentially consistent: it also waits for the CTA's bulk-copy writes) and adds
+// one to `blocks_done`, a private counter that is zero between kernels. The CTA that brings it to
+// gridDim.x is the last: it resets the counter and fences again, so every CTA's stores (and loads) are
+// ordered before whatever release it issues next. Returns true on every thread of the last CTA.
 __device__ inline bool last_cta_done(uint32_t* blocks_done) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    fence_acq_rel_sys();
+    __threadfence_system();
     last = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
     if (last) {
       *blocks_done = 0;
-      fence_acq_rel_sys();
+      __threadfence_system();
     }
   }
   __syncthreads();
