@@ -19,7 +19,8 @@ out=build-fuzz
 mkdir -p "$out/corpus"
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I include -I src -I tests -I "$cuda_include" \
-  tests/fuzz/host_inputs_fuzzer.cpp src/core/validate.cpp src/core/ht_areas.cpp src/core/tensor.cpp src/core/error.cpp \
+  tests/fuzz/host_inputs_fuzzer.cpp src/core/validate.cpp src/core/ht_areas.cpp src/core/ll_areas.cpp \
+  src/core/tensor.cpp src/core/error.cpp \
   -o "$out/host_inputs_fuzzer"
 "$out/host_inputs_fuzzer" -max_total_time="$seconds" -print_final_stats=1 "$out/corpus" 2>&1 | tail -n 12
 echo "fuzz: no crash in $seconds s"

@@ -239,6 +239,11 @@ TensorRef HtBuffer::combine_input_weights(int64_t rows, int64_t topk) const {
 }
 
 std::size_t HtBuffer::required_bytes(const HtBufferOptions& options, int num_ranks) {
+  require(num_ranks >= 1 && num_ranks <= kMaxNvlinkRanks && options.num_experts >= num_ranks &&
+              options.num_experts % num_ranks == 0 && options.max_tokens_per_rank >= 1 && options.hidden >= 128 &&
+              options.hidden % 128 == 0 && options.max_topk >= 1,
+          "HtBuffer::required_bytes: options a buffer cannot be made with (" + std::to_string(num_ranks) + " ranks, " +
+              std::to_string(options.num_experts) + " experts, hidden " + std::to_string(options.hidden) + ")");
   return core::ht_areas(options, num_ranks).total + std::size_t(options.max_tokens_per_rank) * options.hidden * 2 +
          std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float);
 }

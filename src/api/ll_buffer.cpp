@@ -36,6 +36,25 @@ struct SetState {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+// The options a buffer can be made with for a team of `R` ranks (also what required_bytes accepts).
+void check_options(const LlBufferOptions& options, int R) {
+  require(R >= 1 && R <= kMaxNvlinkRanks, "an LL buffer needs 1 to " + str(kMaxNvlinkRanks) + " ranks, got " + str(R));
+  require(options.max_tokens_per_rank >= 1 && options.max_tokens_per_rank <= core::kLlMaxTokens,
+          "LlBufferOptions::max_tokens_per_rank must be in [1, " + str(core::kLlMaxTokens) + "], got " +
+              str(options.max_tokens_per_rank));
+  require(options.hidden >= 128 && options.hidden % 128 == 0 && options.hidden <= core::kLlMaxHidden,
+          "LlBufferOptions::hidden must be a positive multiple of 128 up to " + str(core::kLlMaxHidden) + ", got " +
+              str(options.hidden));
+  require(options.max_topk >= 1 && options.max_topk <= core::kLlMaxTopk,
+          "LlBufferOptions::max_topk must be in [1, " + str(core::kLlMaxTopk) + "], got " + str(options.max_topk));
+  require(options.num_experts >= R && options.num_experts % R == 0,
+          "LlBufferOptions::num_experts (" + str(options.num_experts) +
+              ") must be a positive multiple of the team size (" + str(R) + ")");
+  require(
+      options.num_experts <= core::kLlMaxExperts,
+      "LlBufferOptions::num_experts must be at most " + str(core::kLlMaxExperts) + ", got " + str(options.num_experts));
+}
+
 }  // namespace
 
 struct LlBuffer::Impl {
@@ -138,22 +157,7 @@ LlBuffer::LlBuffer(Team& team, const LlBufferOptions& options, const LlConfig& c
   detail::ScopedRank scoped(team.rank());
   Impl& im = *impl_;
   const int R = team.size();
-  require(options.max_tokens_per_rank >= 1 && options.max_tokens_per_rank <= core::kLlMaxTokens,
-          "LlBufferOptions::max_tokens_per_rank must be in [1, " + str(core::kLlMaxTokens) + "], got " +
-              str(options.max_tokens_per_rank));
-  require(options.hidden >= 128 && options.hidden % 128 == 0 && options.hidden <= core::kLlMaxHidden,
-          "LlBufferOptions::hidden must be a positive multiple of 128 up to " + str(core::kLlMaxHidden) + ", got " +
-              str(options.hidden));
-  require(options.max_topk >= 1 && options.max_topk <= core::kLlMaxTopk,
-          "LlBufferOptions::max_topk must be in [1, " + str(core::kLlMaxTopk) + "], got " + str(options.max_topk));
-  require(options.num_experts >= R && options.num_experts % R == 0,
-          "LlBufferOptions::num_experts (" + str(options.num_experts) +
-              ") must be a positive multiple of the team size (" + str(R) + ")");
-  require(
-      options.num_experts <= core::kLlMaxExperts,
-      "LlBufferOptions::num_experts must be at most " + str(core::kLlMaxExperts) + ", got " + str(options.num_experts));
-  require(int64_t(options.num_experts / R) * R * options.max_tokens_per_rank < (int64_t(1) << 31),
-          "E_local * R * max_tokens_per_rank must fit in int32");
+  check_options(options, R);
   check_cuda(cudaDeviceGetAttribute(&im.sm_count, cudaDevAttrMultiProcessorCount, team.device()),
              "cudaDeviceGetAttribute");
   im.config = im.resolve(config);
@@ -187,6 +191,7 @@ void LlBuffer::set_config(const LlConfig& config) {
 }
 
 std::size_t LlBuffer::required_bytes(const LlBufferOptions& options, int num_ranks) {
+  check_options(options, num_ranks);
   const core::LlAreas a = core::ll_areas(options, num_ranks);
   return a.symmetric_bytes + a.private_bytes;
 }

@@ -1,4 +1,4 @@
-// Argument checks (core/validate) and the HT buffer's sizing (core/ht_areas): CPU only.
+// Argument checks (core/validate) and the HT and LL buffers' sizing (core/ht_areas, core/ll_areas): CPU only.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -6,7 +6,9 @@
 #include "core/ht_areas.hpp"
 #include "core/validate.hpp"
 #include "epx/error.hpp"
+#include "epx/ll.hpp"
 #include "support/ht_areas_invariants.hpp"
+#include "support/ll_areas_invariants.hpp"
 
 namespace epx::core {
 namespace {
@@ -87,6 +89,30 @@ TEST(HtAreas, TheDeepSeekShapeOnTwoRanksNeedsAboutTwoHundredFortyMegabytes) {
   // Two areas of 8192 BF16 rows of 7168 (117.4 MB each), plus scales, indices and weights.
   EXPECT_GT(a.total, std::size_t(2) * 8192 * 7168 * 2);
   EXPECT_LT(a.total, std::size_t(260) << 20);
+}
+
+TEST(LlAreas, EveryAreaIsAlignedDisjointAndLargeEnough) {
+  for (int R : {1, 2, 8, 72}) {
+    for (const LlBufferOptions& o : {LlBufferOptions{128, 7168, 8, 288}, LlBufferOptions{1, 128, 1, 72},
+                                     LlBufferOptions{1024, 16384, 16, 4032}, LlBufferOptions{77, 2048, 3, 144}}) {
+      EXPECT_EQ(test::broken_ll_areas_invariant(o, R), "") << "R = " << R << ", T_max = " << o.max_tokens_per_rank;
+    }
+  }
+}
+
+TEST(LlAreas, TheDeepSeekShapeOnTwoRanksStaysUnderSixtyFourMegabytes) {
+  // The LL issue's memory target: at most 64 MB per rank for T_max 128, H 7168, top-8 of 256 on 2 ranks.
+  // Two sets of 256 messages of 14336 + 144 bytes (7.4 MB) and of 8 x 128 combine rows (29.4 MB).
+  const std::size_t bytes = LlBuffer::required_bytes({128, 7168, 8, 256}, 2);
+  EXPECT_GT(bytes, std::size_t(36) * 1000 * 1000);
+  EXPECT_LE(bytes, std::size_t(64) * 1000 * 1000);
+}
+
+TEST(LlAreas, RequiredBytesRefusesOptionsNoBufferCanHave) {
+  EXPECT_THROW(LlBuffer::required_bytes({128, 7168, 8, 256}, 0), Error);
+  EXPECT_THROW(LlBuffer::required_bytes({128, 7168, 8, 255}, 2), Error);
+  EXPECT_THROW(LlBuffer::required_bytes({2048, 7168, 8, 256}, 2), Error);
+  EXPECT_THROW(HtBuffer::required_bytes({4096, 7168, 8, 256}, 0), Error);
 }
 
 }  // namespace

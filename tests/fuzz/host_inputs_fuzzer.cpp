@@ -1,7 +1,7 @@
 // libFuzzer target over the host-side code every call runs before launching anything: the argument
-// checks (core/validate) and the HT buffer sizing (core/ht_areas). For any input they must either
-// accept or throw epx::Error, never crash; what they accept must satisfy the invariants the kernels
-// rely on. Run by scripts/fuzz.sh (CI runs it for a bounded time).
+// checks (core/validate) and the HT and LL buffer sizing (core/ht_areas, core/ll_areas). For any input
+// they must either accept or throw epx::Error, never crash; what they accept must satisfy the
+// invariants the kernels rely on. Run by scripts/fuzz.sh (CI runs it for a bounded time).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -11,6 +11,7 @@
 #include "core/validate.hpp"
 #include "epx/error.hpp"
 #include "support/ht_areas_invariants.hpp"
+#include "support/ll_areas_invariants.hpp"
 
 namespace {
 
@@ -78,15 +79,30 @@ void fuzz_ht_areas(Reader& in) {
   require(epx::test::broken_ht_areas_invariant(epx::core::ht_areas(o, R), o, R).empty());
 }
 
+void fuzz_ll_areas(Reader& in) {
+  epx::LlBufferOptions o;
+  o.max_tokens_per_rank = 1 + in.next<uint16_t>() % epx::core::kLlMaxTokens;
+  o.hidden = 128 * (1 + in.next<uint8_t>() % (epx::core::kLlMaxHidden / 128));
+  o.max_topk = 1 + in.next<uint8_t>() % epx::core::kLlMaxTopk;
+  const int R = 1 + in.next<uint8_t>() % epx::kMaxNvlinkRanks;
+  o.num_experts = R * (1 + in.next<uint8_t>() % (epx::core::kLlMaxExperts / R));
+  require(epx::test::broken_ll_areas_invariant(o, R).empty());
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   Reader in{data + 1, size - 1};
-  if (data[0] & 1) {
-    fuzz_check_tensor(in);
-  } else {
-    fuzz_ht_areas(in);
+  switch (data[0] % 3) {
+    case 0:
+      fuzz_check_tensor(in);
+      break;
+    case 1:
+      fuzz_ht_areas(in);
+      break;
+    default:
+      fuzz_ll_areas(in);
   }
   return 0;
 }

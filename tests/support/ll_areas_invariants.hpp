@@ -1,0 +1,55 @@
+// What the LL kernels assume of core::LlAreas, checked in one place: by the CPU unit test on chosen
+// shapes and by the fuzzer on random ones.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/ll_areas.hpp"
+
+namespace epx::test {
+
+// Returns "" when the areas of `o` on `num_ranks` ranks keep every invariant, else the first one broken.
+inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_ranks) {
+  const core::LlAreas a = core::ll_areas(o, num_ranks);
+  const std::size_t R = num_ranks, T = o.max_tokens_per_rank, K = o.max_topk, H = o.hidden;
+  const std::size_t E_local = std::size_t(o.num_experts) / R, messages = core::kLlSets * R * T;
+  const std::size_t combine_slots = R > K ? R : K;
+  struct Area {
+    std::size_t offset, bytes;
+  };
+  // Each area with the bytes the kernels index into it, in layout order; then the allocation's end.
+  const Area shared[] = {{a.flags, 8 * core::kLlFlagKinds * core::kLlOps * core::kLlSets * R},
+                         {a.dispatch_tokens, 4 * core::kLlSets * R},
+                         {a.expert_counts, 4 * core::kLlSets * R * E_local},
+                         {a.headers, sizeof(core::LlMessageHeader) * messages},
+                         {a.payloads, 2 * H * messages},
+                         {a.combine_rows, 2 * H * core::kLlSets * combine_slots * T},
+                         {a.symmetric_bytes, 0}};
+  const Area own[] = {{a.blocks_done, 4 * core::kLlOps * 2},
+                      {a.message_slots, 4 * messages},
+                      {a.entry_rows, 4 * messages * K},
+                      {a.entry_weights, 4 * messages * K},
+                      {a.home, sizeof(core::LlHomeToken) * core::kLlSets * T},
+                      {a.private_bytes, 0}};
+  const auto check = [](const Area* areas, std::size_t n, const char* what) -> std::string {
+    for (std::size_t i = 0; i + 1 < n; ++i) {
+      if (areas[i].offset % 128 != 0)
+        return std::string(what) + " area " + std::to_string(i) + " is not 128-byte aligned";
+      if (areas[i].offset + areas[i].bytes > areas[i + 1].offset) {
+        return std::string(what) + " area " + std::to_string(i) + " is shorter than the kernels index";
+      }
+    }
+    return "";
+  };
+  if (std::string broken = check(shared, sizeof(shared) / sizeof(shared[0]), "symmetric"); !broken.empty()) {
+    return broken;
+  }
+  if (std::string broken = check(own, sizeof(own) / sizeof(own[0]), "private"); !broken.empty()) return broken;
+  if (a.payload_bytes < H + 4 * (H / 128)) return "an FP8 row and its scales do not fit a payload";
+  if (a.rows_per_expert() != int64_t(R * T)) return "rows_per_expert is not R * max_tokens_per_rank";
+  return "";
+}
+
+}  // namespace epx::test
