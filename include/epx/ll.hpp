@@ -173,6 +173,8 @@ class EPX_API LlBuffer {
   // Device memory this buffer allocated on this rank: symmetric areas, private state, and
   // combine_buffer() once asked for. Excludes the caller's dispatch outputs.
   std::size_t buffer_bytes() const;
+  // Bytes one rank needs for `options` on a team of `num_ranks` (what buffer_bytes() will report, before
+  // combine_buffer()); throws epx::Error for options no buffer can be made with.
   static std::size_t required_bytes(const LlBufferOptions& options, int num_ranks);
 
   // Bytes of each caller-allocated dispatch output for `hidden` (the buffer's if 0).

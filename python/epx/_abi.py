@@ -46,7 +46,18 @@ class Streams(Sized):
 
 
 class UniqueId(Structure):
-    _fields_ = [("bytes", c_char * 128)]
+    _fields_ = [("bytes", c_char * 128)]  # opaque; read and write it whole (unique_id_bytes / unique_id_from)
+
+
+def unique_id_bytes(uid: UniqueId) -> bytes:
+    """All 128 bytes (reading the c_char field would stop at the first zero byte)."""
+    return ctypes.string_at(ctypes.addressof(uid), 128)
+
+
+def unique_id_from(data: bytes) -> UniqueId:
+    uid = UniqueId()
+    ctypes.memmove(ctypes.addressof(uid), bytes(data), 128)
+    return uid
 
 
 class TeamOptions(Sized):

@@ -32,15 +32,14 @@ class Team(NativeObject):
         """On one rank only (it starts NCCL's bootstrap listener in this process): the id all ranks join."""
         uid = _abi.UniqueId()
         _abi.call("epx_team_make_unique_id", ctypes.byref(uid))
-        return ctypes.string_at(ctypes.addressof(uid), 128)  # uid.bytes would stop at the first zero byte
+        return _abi.unique_id_bytes(uid)
 
     @classmethod
     def create_nccl(cls, unique_id: bytes, rank: int, size: int, *, wait_timeout_ms: int = 5000) -> "Team":
         """Collective: joins the team of `size` ranks as `rank`, on the current CUDA device."""
         if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != 128:
             raise ValueError("epx: unique_id must be the 128 bytes Team.make_unique_id() returned")
-        uid = _abi.UniqueId()
-        ctypes.memmove(ctypes.addressof(uid), bytes(unique_id), 128)
+        uid = _abi.unique_id_from(unique_id)
         options = _abi.TeamOptions(wait_timeout_ms=int(wait_timeout_ms))
         native = ctypes.c_void_p()
         _abi.call(

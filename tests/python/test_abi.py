@@ -15,6 +15,11 @@ def test_every_struct_has_the_libraries_size():
     assert lib.epx_struct_size(b"no_such_struct") == 0
 
 
+def test_unique_ids_travel_whole_zero_bytes_included():
+    data = bytes(range(128))  # a zero byte first, as NCCL's ids often have
+    assert _abi.unique_id_bytes(_abi.unique_id_from(data)) == data
+
+
 def test_status_strings_name_the_error_kinds():
     lib = _abi.lib()
     assert lib.epx_status_string(0) == b"success"
