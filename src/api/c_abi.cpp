@@ -319,7 +319,8 @@ epx_status epx_team_failed(const epx_team* team, int* out) {
 epx_status epx_ht_required_bytes(const epx_ht_options* options, int num_ranks, size_t* out) {
   return guarded([&] {
     const epx_ht_options o = read_struct(options, "options", epx_ht_options EPX_HT_OPTIONS_INIT);
-    deref(out, "out") = epx::HtBuffer::required_bytes(to_ht_options(o), num_ranks);
+    size_t& bytes = deref(out, "out");  // checked before the options are
+    bytes = epx::HtBuffer::required_bytes(to_ht_options(o), num_ranks);
   });
 }
 
@@ -440,7 +441,8 @@ epx_status epx_ht_check_errors(epx_ht_buffer* buffer) { return check_errors(buff
 epx_status epx_ll_required_bytes(const epx_ll_options* options, int num_ranks, size_t* out) {
   return guarded([&] {
     const epx_ll_options o = read_struct(options, "options", epx_ll_options EPX_LL_OPTIONS_INIT);
-    deref(out, "out") = epx::LlBuffer::required_bytes(to_ll_options(o), num_ranks);
+    size_t& bytes = deref(out, "out");  // checked before the options are
+    bytes = epx::LlBuffer::required_bytes(to_ll_options(o), num_ranks);
   });
 }
 

@@ -17,8 +17,8 @@ __device__ inline bool team_failed(const transport::TeamView& team) {
 }
 
 // Called by every thread of every CTA once its own stores are issued. Each CTA: __syncthreads; thread 0
-// fences (system scope, sequentially consistent: it also waits for the CTA's bulk-copy writes) and adds
-// one to `blocks_done`, a private counter that is zero between kernels. The CTA that brings it to
+// fences (__threadfence_system; a build with the weaker fence.acq_rel.sys lost rows on single-GPU teams)
+// and adds one to `blocks_done`, a private counter that is zero between kernels. The CTA that brings it to
 // gridDim.x is the last: it resets the counter and fences again, so every CTA's stores (and loads) are
 // ordered before whatever release it issues next. Returns true on every thread of the last CTA.
 __device__ inline bool last_cta_done(uint32_t* blocks_done) {
