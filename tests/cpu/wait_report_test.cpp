@@ -30,11 +30,12 @@ TEST(WaitReport, AnIncompleteReportSaysSo) {
 }
 
 TEST(WaitReport, EveryPhaseHasAName) {
-  for (WaitPhase phase :
-       {WaitPhase::none, WaitPhase::barrier, WaitPhase::test_signal, WaitPhase::ht_notify, WaitPhase::ht_dispatch_done,
-        WaitPhase::ht_combine_ready, WaitPhase::ht_combine_done, WaitPhase::ht_bulk_load}) {
-    EXPECT_STRNE(phase_name(phase), "unknown phase");
+  constexpr WaitPhase kLast = WaitPhase::ll_set_reuse;  // the enum's last value: a new phase moves this
+  for (uint32_t phase = 0; phase <= static_cast<uint32_t>(kLast); ++phase) {
+    EXPECT_STRNE(phase_name(static_cast<WaitPhase>(phase)), "unknown phase") << "phase " << phase;
   }
+  EXPECT_STREQ(phase_name(static_cast<WaitPhase>(static_cast<uint32_t>(kLast) + 1)), "unknown phase")
+      << "a phase after kLast: move kLast to it";
 }
 
 }  // namespace
