@@ -3,7 +3,9 @@
 //
 // Protocol, for buffer set `set` (areas of core::LlAreas; flags, the sequence number seq and the
 // "set is free" wait as in protocol.cuh).
-//   Send (rank me). A warp waits until the peers have freed the set before its first remote store.
+//   Send (rank me). Every CTA first stages my top-k table in shared memory (int16, -1 for none or an
+//   invalid id; CTA 0 records the first invalid one). A warp waits until the peers have freed the set
+//   before its first remote store.
 //     * Columns (every warp), token t and 512 columns: payload(r, set, me, t) = the row (BF16, or FP8
 //       cast once here, then its float scales) for every destination rank r of t. The warp of the
 //       first columns also writes header(r, set, me, t): seq, slots, unique_slots, and per slot the
