@@ -134,6 +134,13 @@ std::string device_description(int ranks) {
   return std::to_string(ranks) + "x " + prop.name;
 }
 
+// The shape of a mode's run (HT and LL results alike).
+template <typename Result>
+void write_shape(JsonWriter& j, const Result& r) {
+  j.field("ranks", r.ranks).field("tokens", r.tokens).field("hidden", r.hidden).field("topk", r.topk);
+  j.field("experts", r.experts);
+}
+
 // The fields every timed row has (HT and LL rows alike), after time_us.
 template <typename Row>
 void write_timing(JsonWriter& j, const Row& row) {
@@ -151,16 +158,9 @@ void write_timing(JsonWriter& j, const Row& row) {
 
 void write_ht_rows(JsonWriter& j, const HtBenchResult& ht) {
   for (const HtBenchRow& row : ht.rows) {
-    j.begin_object()
-        .field("mode", "ht")
-        .field("op", row.op)
-        .field("dtype", row.dtype)
-        .field("ranks", ht.ranks)
-        .field("tokens", ht.tokens)
-        .field("hidden", ht.hidden)
-        .field("topk", ht.topk)
-        .field("experts", ht.experts)
-        .field("time_us", row.time_us);
+    j.begin_object().field("mode", "ht").field("op", row.op).field("dtype", row.dtype);
+    write_shape(j, ht);
+    j.field("time_us", row.time_us);
     write_timing(j, row);
     j.field("repetitions", ht.repetitions)
         .field("buffer_bytes", static_cast<long long>(ht.buffer_bytes))
@@ -195,12 +195,8 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
   for (const LlBenchRow& row : ll.rows) {
     j.begin_object().field("mode", "ll").field("op", row.op).field("dtype", row.dtype);
     if (!row.order.empty()) j.field("order", row.order);
-    j.field("ranks", ll.ranks)
-        .field("tokens", ll.tokens)
-        .field("hidden", ll.hidden)
-        .field("topk", ll.topk)
-        .field("experts", ll.experts)
-        .field("time_us", row.time_us)
+    write_shape(j, ll);
+    j.field("time_us", row.time_us)
         .field("target_us", row.target_us > 0 ? row.target_us : std::nan(""));  // null: no target
     write_timing(j, row);
     j.field("replays", ll.replays)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import sys
 
 from . import _abi
@@ -38,10 +39,19 @@ class NativeObject:
 
 class BufferBase(NativeObject):
     """What HtBuffer and LlBuffer share: their size, SM count, communication stream and error report.
-    `_prefix` is the C ABI's ("epx_ht" or "epx_ll"); subclasses set `team`."""
+    `_prefix` is the C ABI's ("epx_ht" or "epx_ll"); subclasses make the native buffer with _create."""
 
     _prefix = ""
     _comm_stream = None
+
+    def _create(self, team, options, max_tokens_per_rank, hidden, max_topk, num_experts) -> None:
+        """Collective: makes the native buffer from `options` (the ABI struct) and keeps its shape."""
+        self.team = team
+        self.max_tokens_per_rank, self.hidden, self.max_topk = max_tokens_per_rank, hidden, max_topk
+        self.num_experts = num_experts
+        native = ctypes.c_void_p()
+        _abi.call(f"{self._prefix}_buffer_create", team._require(), ctypes.byref(options), ctypes.byref(native))
+        self._native = native.value
 
     @property
     def buffer_bytes(self) -> int:

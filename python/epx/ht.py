@@ -101,13 +101,8 @@ class HtBuffer(BufferBase):
         handle_blocks: int = 4,
         num_sms: int = 0,
     ):
-        self.team = team
-        self.max_tokens_per_rank, self.hidden, self.max_topk = max_tokens_per_rank, hidden, max_topk
-        self.num_experts = num_experts
-        native = ctypes.c_void_p()
         options = ht_options(max_tokens_per_rank, hidden, max_topk, num_experts, handle_blocks, num_sms)
-        _abi.call("epx_ht_buffer_create", team._require(), ctypes.byref(options), ctypes.byref(native))
-        self._native = native.value
+        self._create(team, options, max_tokens_per_rank, hidden, max_topk, num_experts)
 
     @staticmethod
     def required_bytes(

@@ -98,15 +98,10 @@ class LlBuffer(BufferBase):
         num_experts: int = 256,
         num_sms: int = 0,
     ):
-        self.team = team
-        self.max_tokens_per_rank, self.hidden, self.max_topk = max_tokens_per_rank, hidden, max_topk
-        self.num_experts = num_experts
+        options = ll_options(max_tokens_per_rank, hidden, max_topk, num_experts, num_sms)
+        self._create(team, options, max_tokens_per_rank, hidden, max_topk, num_experts)
         self.num_local_experts = num_experts // team.size
         self.rows_per_expert = team.size * max_tokens_per_rank  # C
-        native = ctypes.c_void_p()
-        options = ll_options(max_tokens_per_rank, hidden, max_topk, num_experts, num_sms)
-        _abi.call("epx_ll_buffer_create", team._require(), ctypes.byref(options), ctypes.byref(native))
-        self._native = native.value
         self._checked_sizes = set()
 
     @staticmethod

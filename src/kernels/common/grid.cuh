@@ -6,6 +6,7 @@
 
 #include "transport/device/flags.cuh"
 #include "transport/device/team_view.hpp"
+#include "transport/device/wait.cuh"
 
 namespace epx::kernels {
 
@@ -14,6 +15,18 @@ constexpr int kWarp = 32;
 // Whether a wait of this rank's team has expired (then its kernels stop and signal nothing more).
 __device__ inline bool team_failed(const transport::TeamView& team) {
   return transport::load_relaxed_sys(&team.report->claimed) != 0u;
+}
+
+// The whole CTA waits (acquire, bounded) until *flag_of(r) >= expected for every rank r; thread r waits
+// for rank r. Returns false on every thread when a wait expired (the team is failed).
+template <typename FlagOf>
+__device__ bool wait_for_all_ranks(const transport::TeamView& team, FlagOf flag_of, uint64_t expected,
+                                   transport::WaitPhase phase, uint32_t detail) {
+  bool ok = true;
+  for (int r = threadIdx.x; r < team.nranks; r += blockDim.x) {
+    ok = ok && transport::wait_at_least(team, flag_of(r), expected, transport::WaitSite{phase, r, detail});
+  }
+  return __syncthreads_and(ok);
 }
 
 // Called by every thread of every CTA once its own stores are issued. Each CTA: __syncthreads; thread 0

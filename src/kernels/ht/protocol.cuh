@@ -12,14 +12,10 @@
 
 namespace epx::kernels::ht {
 
-// The whole CTA waits (acquire) until this rank's flag[kind][r] >= seq for every rank r; thread r waits
-// for rank r. Returns false on every thread when a wait expired (the team is failed).
+// The whole CTA waits until this rank's flag[kind][r] >= seq for every rank r (wait_for_all_ranks).
 __device__ inline bool wait_for_every_rank(const BufferView& b, int kind, uint64_t seq, transport::WaitPhase phase) {
-  bool ok = true;
-  for (int r = threadIdx.x; r < b.team.nranks; r += blockDim.x) {
-    ok = ok && transport::wait_at_least(b.team, b.flag(b.team.rank, kind, r), seq, transport::WaitSite{phase, r, 0});
-  }
-  return __syncthreads_and(ok);
+  return wait_for_all_ranks(
+      b.team, [&](int r) { return b.flag(b.team.rank, kind, r); }, seq, phase, 0);
 }
 
 // Called by every thread of every CTA once its own stores are issued (see last_cta_done). The last

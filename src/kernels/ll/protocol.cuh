@@ -38,15 +38,10 @@ __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t 
   return __all_sync(~0u, ok);
 }
 
-// The whole CTA waits until every peer's writes of the call are here. Returns false on every thread
-// when the team failed.
+// The whole CTA waits until every peer's writes of the call are here (wait_for_all_ranks on "ready").
 __device__ inline bool wait_every_peer(const LlView& v, int op, int set, uint64_t seq, transport::WaitPhase phase) {
-  bool ok = true;
-  for (int r = threadIdx.x; r < v.team.nranks; r += blockDim.x) {
-    ok = ok && transport::wait_at_least(v.team, v.flag(v.team.rank, core::kLlReady, op, set, r), seq,
-                                        transport::WaitSite{phase, r, uint32_t(set)});
-  }
-  return __syncthreads_and(ok);
+  const auto ready = [&](int r) { return v.flag(v.team.rank, core::kLlReady, op, set, r); };
+  return wait_for_all_ranks(v.team, ready, seq, phase, uint32_t(set));
 }
 
 // Every thread of every CTA calls it once its accesses for the step are done. The last CTA's thread 0
