@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The device script: on a GPU machine, build (or use a carried build), run every GPU test and the
-# bench, and end with a short table. Logs and the bench JSON go to $OUT (or ./device-out).
+# The device script: on a GPU machine, build (or use a carried build), run every GPU test (C++, the
+# dead-peer test, Python with torch where it is installed) and the bench, and end with a short table. Logs and the bench JSON go to $OUT (or ./device-out).
 #
 #   scripts/device_check.sh [--kind NAME] [--commit SHA] [--tests FILTER] [--bench "ARGS"] [--no-sanitizers]
 #
@@ -40,7 +40,7 @@ fi
   echo "NCCL wheel lib: ${wheel_lib:-none}"
 } 2>&1 | tee "$out/machine.txt"
 
-if [ ! -x "$build/tests/epx_gpu_tests" ] || [ ! -x "$build/bench/epx-bench" ]; then
+if [ ! -x "$build/tests/epx_gpu_tests" ] || [ ! -x "$build/tests/epx_dead_peer_test" ] || [ ! -x "$build/bench/epx-bench" ]; then
   echo "== building in $build"
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${wheel_lib:+-DNCCL_ROOT="$(dirname "$wheel_lib")"} >"$out/build.log" 2>&1 &&
     cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
@@ -53,6 +53,25 @@ start=$(date +%s)
 tests_rc=${PIPESTATUS[0]}
 tests_s=$(( $(date +%s) - start ))
 
+echo "== dead-peer test"
+start=$(date +%s)
+timeout 300 "$build/tests/epx_dead_peer_test" >"$out/dead-peer.log" 2>&1
+dead_peer_rc=$?
+dead_peer_s=$(( $(date +%s) - start ))
+tail -5 "$out/dead-peer.log"
+
+echo "== Python GPU tests"
+python_summary="not run: no torch"
+if python3 -c "import torch" 2>/dev/null; then
+  # From another directory, so that `import epx` finds the source tree only through PYTHONPATH.
+  repo=$PWD library="$(cd "$build" && pwd)/src/libepx.so"
+  (cd "$(mktemp -d)" && EPX_LIBRARY="$library" PYTHONPATH="$repo/python" timeout 300 \
+    python3 -m pytest -q -rs -p no:cacheprovider "$repo/tests/python") >"$out/pytest.log" 2>&1
+  python_rc=$?
+  python_summary="$(tail -1 "$out/pytest.log"); exit $python_rc"
+  tail -15 "$out/pytest.log"
+fi
+
 echo "== bench"
 # shellcheck disable=SC2086  # bench_args is a list of arguments
 "$build/bench/epx-bench" $bench_args --json "$out/bench.json" ${kind:+--device-kind "$kind"} --commit "$commit" 2>&1 |
@@ -62,6 +81,7 @@ bench_rc=${PIPESTATUS[0]}
 echo "== compute-sanitizer (small shapes)"
 small='Cases/HtExchange.MatchesReference/SingleGpu2_Uniform:Cases/HtExchange.MatchesReference/SingleGpu4_Zipf_Fp8_Int32:Cases/HtExchange.MatchesReference/World_Zipf_Aligned4:TransportTimeout.*'
 small+=':Cases/LlExchange.MatchesReference/SingleGpu2_Zipf_Ue8m0_ColumnMajorScales_Int32:Cases/LlExchange.MatchesReference/World_SmallerThanBuffer_Ue8m0:LlErrors.*'
+small+=':LlMask.MaskedRankIsSkipped'
 : >"$out/sanitizers.txt"
 [ "$sanitizers" -eq 1 ] && for tool in memcheck racecheck; do
   timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --target-processes all \
@@ -75,6 +95,9 @@ failed=$(grep -oE '^\[  FAILED  \] [0-9]+' "$out/gpu-tests.log" | grep -oE '[0-9
 echo
 echo "== summary ($(date -u +%Y-%m-%d), commit $commit, ${kind:-unnamed device})"
 printf '%-28s %s\n' "GPU tests (rank 0)" "passed ${passed:-0}, failed ${failed:-0}, skipped ${skipped:-0}; exit $tests_rc; ${tests_s}s"
+printf '%-28s %s\n' "dead-peer test" "exit $dead_peer_rc (0 passed, 77 skipped); ${dead_peer_s}s"
+printf '%-28s %s\n' "Python tests" "$python_summary"
 printf '%-28s %s\n' "bench" "exit $bench_rc; $out/bench.json"
 sed 's/^/sanitizer                    /' "$out/sanitizers.txt"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "${python_rc:-0}" -eq 0 ] &&
+  { [ "$dead_peer_rc" -eq 0 ] || [ "$dead_peer_rc" -eq 77 ]; }

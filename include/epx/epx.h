@@ -50,6 +50,11 @@ typedef enum epx_status {
 
 EPX_API int epx_abi_version(void);
 EPX_API const char* epx_version(void); /* "0.1.0" */
+/* NCCL_VERSION_CODE of the NCCL headers epx was compiled with (22809 for 2.28.9). A team refuses to start
+ * when the NCCL loaded at run time reports another version: the device API's layouts must agree. */
+EPX_API int epx_nccl_version_compiled(void);
+/* The CUDA architectures the kernels were compiled for, as CMake named them ("90a"). */
+EPX_API const char* epx_cuda_architectures(void);
 EPX_API const char* epx_status_string(epx_status status);
 /* The message of the last failed call on this thread ("" if none). Valid until the next failed call. */
 EPX_API const char* epx_last_error(void);
@@ -235,9 +240,10 @@ typedef struct epx_ll_options {
   size_t struct_size;
   int32_t max_tokens_per_rank, hidden, max_topk, num_experts; /* LlBufferOptions */
   int32_t num_sms;                                            /* LlConfig; 0: the default for the GPU and team */
+  int32_t mask_on_timeout; /* LlBufferOptions::mask_on_timeout (DeepEP's enable_shrink) */
 } epx_ll_options;
 #define EPX_LL_OPTIONS_INIT \
-  { sizeof(epx_ll_options), 128, 7168, 8, 256, 0 }
+  { sizeof(epx_ll_options), 128, 7168, 8, 256, 0, 0 }
 
 EPX_API epx_status epx_ll_required_bytes(const epx_ll_options* options, int num_ranks, size_t* out);
 /* Collective. */
@@ -357,6 +363,11 @@ EPX_API epx_status epx_ll_receive_release(epx_ll_receive* receive); /* NULL is a
 /* The buffer-owned place for combine's y, [E_local * C][H_max] bf16 (allocated on the first call). */
 EPX_API epx_status epx_ll_combine_buffer(epx_ll_buffer* buffer, epx_tensor* out);
 EPX_API epx_status epx_ll_check_errors(epx_ll_buffer* buffer);
+/* Rank masking (LlBuffer::set_rank_masked, query_rank_mask, clear_rank_mask): local calls on `stream`.
+ * query writes int32 [R] to device memory: 1 for a masked rank. */
+EPX_API epx_status epx_ll_set_rank_masked(epx_ll_buffer* buffer, int rank, int masked, cudaStream_t stream);
+EPX_API epx_status epx_ll_query_rank_mask(epx_ll_buffer* buffer, int32_t* out, cudaStream_t stream);
+EPX_API epx_status epx_ll_clear_rank_mask(epx_ll_buffer* buffer, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

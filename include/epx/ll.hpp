@@ -68,6 +68,10 @@ struct LlBufferOptions {
   int hidden = 7168;              // H: the largest hidden size, a multiple of 128, at most 16384
   int max_topk = 8;               // K_max, at most 16
   int num_experts = 256;          // E, a multiple of the team size, at most 4096
+  // Rank masking on timeout (DeepEP's shrink mode): a wait on a peer that runs past the team's
+  // wait_timeout masks that peer (see LlBuffer::set_rank_masked) instead of failing the team, and the
+  // call goes on without it. Off: an expired wait fails the team (check_errors throws).
+  bool mask_on_timeout = false;
 };
 
 // Kernel configuration. num_sms = 0 means "the default for this GPU and team"; config() returns what
@@ -166,6 +170,25 @@ class EPX_API LlBuffer {
   // Reports what kernels recorded without the host waiting: an invalid expert id, an expired wait.
   // Call after synchronising the streams the buffer's calls ran on (say, once per step).
   void check_errors();
+
+  // Rank masking: this rank stops exchanging with a masked rank. Dispatch sends it nothing (entries
+  // naming its experts count as -1: no row anywhere, nothing to combine) and receives nothing from it
+  // (it counts as a source of no tokens); combine leaves its rows out; no call waits for it or writes
+  // to it. Each rank has its own mask; a rank that is masked by some ranks but still calls is not
+  // waited for by them and itself waits for them in vain (its waits expire), so mask a rank on every
+  // other rank. A masked rank is set by these calls or by an expired wait (mask_on_timeout).
+  // The three calls run on `stream`, ordered with the buffer's calls (capturable).
+  //   set_rank_masked: masks or unmasks `rank` (not this rank). Unmasking is for a rank that made
+  //     every call meanwhile, and that unmasks this rank at the same point of the call sequence (it
+  //     takes the rank's sequence numbers to be this rank's); a rank that missed calls is behind, and
+  //     waits for it expire.
+  //   query_rank_mask: writes int32 [R] to device memory `out`: 1 for a masked rank, else 0.
+  //   clear_rank_mask: unmasks every rank (same rules).
+  // A buffer destroyed while a rank is masked marks the team failed: tearing the team down then does
+  // not wait for peers that may be gone (see Team), and the team takes no more collective calls.
+  void set_rank_masked(int rank, bool masked, cudaStream_t stream);
+  void query_rank_mask(int32_t* out, cudaStream_t stream);
+  void clear_rank_mask(cudaStream_t stream);
 
   const LlBufferOptions& options() const;
   const LlConfig& config() const;

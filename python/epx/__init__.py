@@ -26,10 +26,14 @@ def library_info() -> dict:
 
     lib = _abi.lib()
     info = _loader.loaded_info()
-    info.update(version=lib.epx_version().decode(), abi_version=lib.epx_abi_version())
+    info.update(
+        version=lib.epx_version().decode(),
+        abi_version=lib.epx_abi_version(),
+        cuda_architectures=lib.epx_cuda_architectures().decode(),
+    )
     built = _loader.build_info()
     if built is not None:
-        info.update(cuda_version_compiled=built.cuda_version, cuda_architectures=built.cuda_architectures)
+        info.update(cuda_version_compiled=built.cuda_version)
     return info
 
 

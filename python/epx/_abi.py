@@ -133,6 +133,7 @@ class LlOptions(Sized):
         ("max_topk", c_int32),
         ("num_experts", c_int32),
         ("num_sms", c_int32),
+        ("mask_on_timeout", c_int32),
     ]
 
 
@@ -241,6 +242,8 @@ _p = c_void_p  # opaque object pointers
 _PROTOTYPES = {
     "epx_abi_version": (c_int, []),
     "epx_version": (c_char_p, []),
+    "epx_nccl_version_compiled": (c_int, []),
+    "epx_cuda_architectures": (c_char_p, []),
     "epx_status_string": (c_char_p, [c_int]),
     "epx_last_error": (c_char_p, []),
     "epx_last_error_rank": (c_int, []),
@@ -280,6 +283,9 @@ _PROTOTYPES = {
     "epx_ll_receive_release": (c_int, [_p]),
     "epx_ll_combine_buffer": (c_int, [_p, POINTER(Tensor)]),
     "epx_ll_check_errors": (c_int, [_p]),
+    "epx_ll_set_rank_masked": (c_int, [_p, c_int, c_int, _p]),
+    "epx_ll_query_rank_mask": (c_int, [_p, _p, _p]),
+    "epx_ll_clear_rank_mask": (c_int, [_p, _p]),
 }
 
 _bound = None

@@ -205,7 +205,7 @@ def load() -> ctypes.CDLL:
             library=path,
             nccl_library=_loaded_path("libnccl.so"),
             nccl_version_loaded=_nccl_version(nccl) if nccl is not None else 0,
-            nccl_version_compiled=getattr(info, "nccl_version_code", 0) if info is not None else 0,
+            nccl_version_compiled=lib.epx_nccl_version_compiled(),
             cuda_runtime_library=_loaded_path("libcudart.so"),
         )
         _lib = lib

@@ -20,7 +20,12 @@ _ORDERS = {"local": _abi.LL_COMBINE_LOCAL, "naive": _abi.LL_COMBINE_NAIVE}
 
 
 def ll_options(
-    max_tokens_per_rank: int, hidden: int, max_topk: int, num_experts: int, num_sms: int = 0
+    max_tokens_per_rank: int,
+    hidden: int,
+    max_topk: int,
+    num_experts: int,
+    num_sms: int = 0,
+    mask_on_timeout: bool = False,
 ) -> _abi.LlOptions:
     return _abi.LlOptions(
         max_tokens_per_rank=int(max_tokens_per_rank),
@@ -28,6 +33,7 @@ def ll_options(
         max_topk=int(max_topk),
         num_experts=int(num_experts),
         num_sms=int(num_sms),
+        mask_on_timeout=int(bool(mask_on_timeout)),
     )
 
 
@@ -82,7 +88,11 @@ class LlCombineResult:
 
 class LlBuffer(BufferBase):
     """One rank's LL buffer (collective to make and to destroy). Calls take stream, async_op and
-    previous_event as HtBuffer's do."""
+    previous_event as HtBuffer's do.
+
+    Rank masking (include/epx/ll.hpp): set_rank_masked, query_rank_mask and clear_rank_mask run on the
+    current stream (or `stream`); with mask_on_timeout=True a wait on a peer that expires masks the peer
+    instead of failing the team."""
 
     _free_call = "epx_ll_buffer_destroy"
     _prefix = "epx_ll"
@@ -97,8 +107,10 @@ class LlBuffer(BufferBase):
         max_topk: int = 8,
         num_experts: int = 256,
         num_sms: int = 0,
+        mask_on_timeout: bool = False,
     ):
-        options = ll_options(max_tokens_per_rank, hidden, max_topk, num_experts, num_sms)
+        options = ll_options(max_tokens_per_rank, hidden, max_topk, num_experts, num_sms, mask_on_timeout)
+        self.mask_on_timeout = bool(mask_on_timeout)
         self._create(team, options, max_tokens_per_rank, hidden, max_topk, num_experts)
         self.num_local_experts = num_experts // team.size
         self.rows_per_expert = team.size * max_tokens_per_rank  # C
@@ -123,6 +135,31 @@ class LlBuffer(BufferBase):
         out = _abi.LlOutputBytes()
         _abi.call("epx_ll_output_sizes", self._require(), int(use_fp8), int(use_ue8m0), int(hidden), ctypes.byref(out))
         return {name: getattr(out, name) for name in ("x", "scales", "recv_count", "src_idx", "layout_range")}
+
+    # ---- rank masking --------------------------------------------------------------------------------
+    def _stream_handle(self, stream) -> Optional[int]:
+        t = torch()
+        return (stream if stream is not None else t.cuda.current_stream(self.team.device)).cuda_stream or None
+
+    def set_rank_masked(self, rank: int, masked: bool = True, *, stream=None) -> None:
+        """Stops (or, with masked=False, resumes) exchanging with `rank` on this rank; see ll.hpp."""
+        _abi.call("epx_ll_set_rank_masked", self._require(), int(rank), int(bool(masked)), self._stream_handle(stream))
+
+    def query_rank_mask(self, out=None, *, stream=None):
+        """int32 [R] on the device: 1 for a masked rank. Written into `out` when given."""
+        t = torch()
+        R = self.team.size
+        if out is None:
+            out = t.empty(R, dtype=t.int32, device=f"cuda:{self.team.device}")
+        check_device(out, "out", self.team.device)
+        if out.dtype != t.int32 or tuple(out.shape) != (R,) or not out.is_contiguous():
+            raise ValueError(f"epx: out must be a contiguous int32 tensor of shape ({R},), got {out.dtype} {tuple(out.shape)}")
+        _abi.call("epx_ll_query_rank_mask", self._require(), out.data_ptr(), self._stream_handle(stream))
+        return out
+
+    def clear_rank_mask(self, *, stream=None) -> None:
+        """Unmasks every rank (see ll.hpp for when a rank may come back)."""
+        _abi.call("epx_ll_clear_rank_mask", self._require(), self._stream_handle(stream))
 
     # ---- calls ---------------------------------------------------------------------------------------
     def allocate_outputs(

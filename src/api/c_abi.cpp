@@ -14,6 +14,8 @@
 #include <string>
 #include <utility>
 
+#include <nccl.h>
+
 #include "epx/error.hpp"
 #include "epx/ht.hpp"
 #include "epx/ll.hpp"
@@ -147,7 +149,7 @@ epx::HtBufferOptions to_ht_options(const epx_ht_options& o) {
 }
 
 epx::LlBufferOptions to_ll_options(const epx_ll_options& o) {
-  return epx::LlBufferOptions{o.max_tokens_per_rank, o.hidden, o.max_topk, o.num_experts};
+  return epx::LlBufferOptions{o.max_tokens_per_rank, o.hidden, o.max_topk, o.num_experts, o.mask_on_timeout != 0};
 }
 
 epx::LlHandle to_ll_handle(const epx_ll_handle& h) {
@@ -213,6 +215,8 @@ extern "C" {
 
 int epx_abi_version(void) { return EPX_ABI_VERSION; }
 const char* epx_version(void) { return EPX_VERSION_STRING; }
+int epx_nccl_version_compiled(void) { return NCCL_VERSION_CODE; }
+const char* epx_cuda_architectures(void) { return EPX_CUDA_ARCHITECTURES; }
 const char* epx_last_error(void) { return t_message.c_str(); }
 int epx_last_error_rank(void) { return t_rank; }
 
@@ -546,5 +550,17 @@ epx_status epx_ll_combine_buffer(epx_ll_buffer* buffer, epx_tensor* out) {
 }
 
 epx_status epx_ll_check_errors(epx_ll_buffer* buffer) { return check_errors(buffer); }
+
+epx_status epx_ll_set_rank_masked(epx_ll_buffer* buffer, int rank, int masked, cudaStream_t stream) {
+  return guarded([&] { deref(buffer, "buffer").buffer->set_rank_masked(rank, masked != 0, stream); });
+}
+
+epx_status epx_ll_query_rank_mask(epx_ll_buffer* buffer, int32_t* out, cudaStream_t stream) {
+  return guarded([&] { deref(buffer, "buffer").buffer->query_rank_mask(out, stream); });
+}
+
+epx_status epx_ll_clear_rank_mask(epx_ll_buffer* buffer, cudaStream_t stream) {
+  return guarded([&] { deref(buffer, "buffer").buffer->clear_rank_mask(stream); });
+}
 
 }  // extern "C"

@@ -193,15 +193,18 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->mailbox_device), mailbox, 0),
              "cudaHostGetDevicePointer");
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->blocks_done), 2 * sizeof(uint32_t)), "cudaMalloc");
-  check_cuda(cudaMemset(impl_->blocks_done, 0, 2 * sizeof(uint32_t)), "cudaMemset");
+  // On the buffer's stream, waited for below (the handle pool's): a plain cudaMemset runs on the legacy
+  // stream, which kernels on non-blocking streams do not wait for.
+  check_cuda(cudaMemsetAsync(impl_->blocks_done, 0, 2 * sizeof(uint32_t), impl_->calls.comm_stream()),
+             "cudaMemsetAsync(HT CTA counters)");
   const std::size_t out_bytes = std::size_t(options.max_tokens_per_rank) * options.hidden * 2;
   const std::size_t out_weight_bytes = std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float);
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out), out_bytes), "cudaMalloc(HT combine output)");
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out_weights), out_weight_bytes),
              "cudaMalloc(HT combine weights)");
   impl_->private_bytes = out_bytes + out_weight_bytes + 2 * sizeof(uint32_t);
-  impl_->handles =
-      std::make_shared<HtHandlePool>(R, options.max_tokens_per_rank, options.num_experts, options.handle_blocks);
+  impl_->handles = std::make_shared<HtHandlePool>(R, options.max_tokens_per_rank, options.num_experts,
+                                                  options.handle_blocks, impl_->calls.comm_stream());
   impl_->view = impl_->make_view();
 }
 

@@ -35,9 +35,10 @@ std::size_t lay_out(int R, int max_tokens, int E, char* base, kernels::ht::Handl
 
 }  // namespace
 
-HtHandlePool::HtHandlePool(int num_ranks, int max_tokens, int num_experts, int preallocate)
+HtHandlePool::HtHandlePool(int num_ranks, int max_tokens, int num_experts, int preallocate, cudaStream_t stream)
     : num_ranks_(num_ranks), max_tokens_(max_tokens), num_experts_(num_experts) {
-  for (int i = 0; i < preallocate; ++i) free_.push_back(allocate());
+  for (int i = 0; i < preallocate; ++i) free_.push_back(allocate(stream));
+  check_cuda(cudaStreamSynchronize(stream), "zeroing the HT handle blocks");
 }
 
 HtHandlePool::~HtHandlePool() {
@@ -47,13 +48,13 @@ HtHandlePool::~HtHandlePool() {
   }
 }
 
-HtHandlePool::Block* HtHandlePool::allocate() {
+HtHandlePool::Block* HtHandlePool::allocate(cudaStream_t stream) {
   auto block = std::make_unique<Block>();
   block->bytes = lay_out(num_ranks_, max_tokens_, num_experts_, nullptr, nullptr);
   check_cuda(cudaMalloc(&block->memory, block->bytes), "cudaMalloc(HT handle block)");
   // Zeroed once: every array is rewritten by each dispatch before it is read, except input_error,
   // which notify clears after reading it.
-  check_cuda(cudaMemset(block->memory, 0, block->bytes), "cudaMemset(HT handle block)");
+  check_cuda(cudaMemsetAsync(block->memory, 0, block->bytes, stream), "cudaMemsetAsync(HT handle block)");
   check_cuda(cudaEventCreateWithFlags(&block->last_use, cudaEventDisableTiming), "cudaEventCreate");
   lay_out(num_ranks_, max_tokens_, num_experts_, static_cast<char*>(block->memory), &block->view);
   blocks_.push_back(std::move(block));
@@ -72,7 +73,7 @@ HtHandlePool::Block* HtHandlePool::acquire(cudaStream_t stream) {
       detail::require(!in_capture, "HT dispatch inside a CUDA graph capture needs a free handle block, and all " +
                                        std::to_string(blocks_.size()) +
                                        " are held: drop handles first, or raise HtBufferOptions::handle_blocks");
-      block = allocate();
+      block = allocate(stream);
     } else {
       block = free_.back();
       free_.pop_back();

@@ -29,7 +29,8 @@ class HtHandlePool {
     kernels::ht::HandleView view{};
   };
 
-  HtHandlePool(int num_ranks, int max_tokens, int num_experts, int preallocate);
+  // The preallocated blocks are zeroed on `stream`, which the constructor then waits for.
+  HtHandlePool(int num_ranks, int max_tokens, int num_experts, int preallocate, cudaStream_t stream);
   ~HtHandlePool();
   HtHandlePool(const HtHandlePool&) = delete;
   HtHandlePool& operator=(const HtHandlePool&) = delete;
@@ -42,7 +43,9 @@ class HtHandlePool {
   std::size_t bytes() const;
 
  private:
-  Block* allocate();
+  // A new block, zeroed in `stream`'s order (a plain cudaMemset would run on the legacy stream, which
+  // kernels on non-blocking streams do not wait for).
+  Block* allocate(cudaStream_t stream);
   int num_ranks_, max_tokens_, num_experts_;
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Block>> blocks_;

@@ -63,10 +63,10 @@ struct LlBuffer::Impl {
   LlConfig config;
   core::LlAreas areas;
   SymmetricMemory memory;
-  char* own = nullptr;                       // private device memory (core::LlAreas)
-  kl::LlInputError* error = nullptr;         // host-mapped
-  kl::LlInputError* error_device = nullptr;  // the same, device address
-  uint16_t* combine_buffer = nullptr;        // combine_buffer(), once asked for
+  char* own = nullptr;                        // private device memory (core::LlAreas)
+  kl::LlHostReport* report = nullptr;         // host-mapped
+  kl::LlHostReport* report_device = nullptr;  // the same, device address
+  uint16_t* combine_buffer = nullptr;         // combine_buffer(), once asked for
   api::CallOrder calls;
   kl::LlView view{};
   int sm_count = 0;
@@ -75,7 +75,7 @@ struct LlBuffer::Impl {
 
   Impl(Team& t, const LlBufferOptions& o) : team(t), options(o), calls(t) {}
   ~Impl() {
-    if (error != nullptr) cudaFreeHost(error);
+    if (report != nullptr) cudaFreeHost(report);
     cudaFree(own);
     cudaFree(combine_buffer);
   }
@@ -117,11 +117,14 @@ kl::LlView LlBuffer::Impl::make_view() const {
   v.entry_rows = areas.entry_rows;
   v.entry_weights = areas.entry_weights;
   v.home = areas.home;
+  v.rank_mask = areas.rank_mask;
   v.max_tokens = options.max_tokens_per_rank;
   v.hidden = options.hidden;
   v.max_topk = options.max_topk;
   v.num_experts = options.num_experts;
   v.combine_slots = areas.combine_slots;
+  v.mask_on_timeout = options.mask_on_timeout;
+  v.host_report = report_device;
   return v;
 }
 
@@ -163,6 +166,7 @@ LlBuffer::LlBuffer(Team& team, const LlBufferOptions& options, const LlConfig& c
   im.config = im.resolve(config);
   kl::load_dispatch_kernel();  // before the collective allocation below: see detail::load_kernel
   kl::load_combine_kernel();
+  kl::load_rank_mask_kernel();
   im.areas = core::ll_areas(options, R);
   im.memory = team.allocate_symmetric(im.areas.symmetric_bytes);
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&im.own), im.areas.private_bytes), "cudaMalloc(LL private state)");
@@ -171,16 +175,28 @@ LlBuffer::LlBuffer(Team& team, const LlBufferOptions& options, const LlConfig& c
   check_cuda(cudaMemsetAsync(im.own, 0, im.areas.private_bytes, im.calls.comm_stream()),
              "cudaMemsetAsync(LL private state)");
   check_cuda(cudaStreamSynchronize(im.calls.comm_stream()), "zeroing the LL private state");
-  void* error = nullptr;
-  check_cuda(cudaHostAlloc(&error, sizeof(kl::LlInputError), cudaHostAllocMapped), "cudaHostAlloc(LL errors)");
-  std::memset(error, 0, sizeof(kl::LlInputError));
-  im.error = static_cast<kl::LlInputError*>(error);
-  check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&im.error_device), error, 0),
+  void* report = nullptr;
+  check_cuda(cudaHostAlloc(&report, sizeof(kl::LlHostReport), cudaHostAllocMapped), "cudaHostAlloc(LL report)");
+  std::memset(report, 0, sizeof(kl::LlHostReport));
+  im.report = static_cast<kl::LlHostReport*>(report);
+  check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&im.report_device), report, 0),
              "cudaHostGetDevicePointer");
   im.view = im.make_view();
 }
 
-LlBuffer::~LlBuffer() = default;
+LlBuffer::~LlBuffer() {
+  // A rank still masked may be gone: the collective release of the symmetric memory (and the team's
+  // teardown) must not wait for it. The host mirror of the mask is as the last kernel left it.
+  const Impl& im = *impl_;
+  if (im.report == nullptr) return;
+  const volatile uint32_t* masked = im.report->masked;
+  for (int r = 0; r < im.team.size(); ++r) {
+    if (masked[r] != 0u) {
+      im.team.impl().mark_failed();
+      return;
+    }
+  }
+}
 
 const LlBufferOptions& LlBuffer::options() const { return impl_->options; }
 const LlConfig& LlBuffer::config() const { return impl_->config; }
@@ -231,13 +247,47 @@ void LlBuffer::check_errors() {
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
   im.team.check_device_errors();
-  volatile kl::LlInputError* e = im.error;
-  if (e->found == 0) return;
+  volatile kl::LlHostReport* e = im.report;
+  if (e->input_error == 0) return;
   const std::string where = "topk_idx[" + str(e->token) + "][" + str(e->slot) + "] = " + str(e->value);
-  e->found = 0;
+  e->input_error = 0;
   detail::fail(ErrorKind::invalid_argument, "LL dispatch: " + where + " is not an expert id in [-1, " +
                                                 str(im.options.num_experts) +
                                                 "); that entry was treated as -1 (not sent, and not combined)");
+}
+
+void LlBuffer::set_rank_masked(int rank, bool masked, cudaStream_t on) {
+  const Streams streams{on};
+  Impl& im = *impl_;
+  detail::ScopedRank scoped(im.team.rank());
+  require(rank >= 0 && rank < im.team.size(),
+          "set_rank_masked: rank " + str(rank) + " is not in [0, " + str(im.team.size()) + ")");
+  require(rank != im.team.rank(), "set_rank_masked: a rank cannot mask itself (rank " + str(rank) + ")");
+  const cudaStream_t stream = im.calls.begin(streams, "set_rank_masked");
+  kl::launch_update_rank_mask(im.view, rank, rank + 1, masked, stream);
+  im.calls.end(streams, stream);
+}
+
+void LlBuffer::query_rank_mask(int32_t* out, cudaStream_t on) {
+  const Streams streams{on};
+  Impl& im = *impl_;
+  detail::ScopedRank scoped(im.team.rank());
+  require(out != nullptr && reinterpret_cast<uintptr_t>(out) % 4 == 0,
+          "query_rank_mask: out must be a 4-byte aligned device pointer to int32 [" + str(im.team.size()) + "]");
+  const cudaStream_t stream = im.calls.begin(streams, "query_rank_mask");
+  check_cuda(cudaMemcpyAsync(out, im.own + im.areas.rank_mask, sizeof(uint32_t) * im.team.size(),
+                             cudaMemcpyDeviceToDevice, stream),
+             "cudaMemcpyAsync(rank mask)");
+  im.calls.end(streams, stream);
+}
+
+void LlBuffer::clear_rank_mask(cudaStream_t on) {
+  const Streams streams{on};
+  Impl& im = *impl_;
+  detail::ScopedRank scoped(im.team.rank());
+  const cudaStream_t stream = im.calls.begin(streams, "clear_rank_mask");
+  kl::launch_update_rank_mask(im.view, 0, im.team.size(), false, stream);
+  im.calls.end(streams, stream);
 }
 
 LlDispatchResult LlBuffer::dispatch(const LlDispatchArgs& args, const Streams& streams) {
@@ -302,7 +352,6 @@ LlDispatchResult LlBuffer::dispatch(const LlDispatchArgs& args, const Streams& s
   p.src_idx = out.src_idx;
   p.layout_range = out.layout_range;
   p.cumulative_recv_count = args.cumulative_recv_count;
-  p.error = im.error_device;
   p.phases = args.send_only ? kl::kSend : kl::kSend | kl::kReceive;
   const int blocks = im.config.num_sms;
   kl::launch_dispatch(p, blocks, stream);

@@ -33,6 +33,7 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
   a.entry_rows = own.take(sizeof(int32_t) * messages * o.max_topk);
   a.entry_weights = own.take(sizeof(float) * messages * o.max_topk);
   a.home = own.take(sizeof(LlHomeToken) * sets * T);
+  a.rank_mask = own.take(sizeof(uint32_t) * R);
   a.private_bytes = own.end();
   return a;
 }

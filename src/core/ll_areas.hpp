@@ -20,6 +20,9 @@
 //   entry_weights    float [set][R][T_max][K_max]: its weight (combine reads these, not the headers,
 //                    so that a dispatch set is free for reuse as soon as its receive step is over)
 //   home             LlHomeToken [set][T_max]: where each of my tokens went (ranks, valid slots)
+//   rank_mask        uint32 [R]: nonzero for a rank this rank no longer exchanges with (rank masking:
+//                    set by the host, or by a kernel whose wait on that rank expired with
+//                    LlBufferOptions::mask_on_timeout; cleared only by the host)
 //
 // Every array starts on a 128-byte boundary, so rows can be moved with 16-byte vectors.
 #pragma once
@@ -53,7 +56,8 @@ static_assert(sizeof(LlMessageHeader) % 16 == 0, "headers are read as 16-byte ve
 
 // Where one of this rank's tokens went in a dispatch (private; combine's receive step reads it).
 struct LlHomeToken {
-  int8_t ranks[kLlMaxTopk];  // destination ranks, ascending
+  int8_t ranks[kLlMaxTopk];       // destination ranks, ascending
+  int8_t slot_ranks[kLlMaxTopk];  // slot k's destination rank (where slots has bit k)
   int32_t num_ranks;
   uint32_t slots;  // bit k: slot k named a valid expert
 };
@@ -67,7 +71,7 @@ struct LlAreas {
   std::size_t flags = 0, dispatch_tokens = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0;
   std::size_t symmetric_bytes = 0;
   // Private offsets.
-  std::size_t blocks_done = 0, message_slots = 0, entry_rows = 0, entry_weights = 0, home = 0;
+  std::size_t blocks_done = 0, message_slots = 0, entry_rows = 0, entry_weights = 0, home = 0, rank_mask = 0;
   std::size_t private_bytes = 0;
 
   int experts_per_rank() const { return num_experts / num_ranks; }

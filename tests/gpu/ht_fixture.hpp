@@ -73,12 +73,20 @@ inline Expected build_expected(const HtCase& c, int R, uint32_t seed) {
   return x;
 }
 
+// Copies host memory to the device, complete on return. cudaMemcpy from pageable memory may return
+// before its DMA has landed, and it runs on the legacy stream, which the tests' non-blocking streams do
+// not wait for; so the legacy stream is synchronised (it waits for no other stream's kernels).
+inline void copy_host_to_device(void* device, const void* host, std::size_t bytes) {
+  EXPECT_EQ(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+}
+
 // Device copies of a host matrix, freed with the object.
 struct DeviceArray {
   void* data = nullptr;
   explicit DeviceArray(std::size_t bytes, const void* host = nullptr) {
     EXPECT_EQ(cudaMalloc(&data, bytes == 0 ? 16 : bytes), cudaSuccess);
-    if (host != nullptr && bytes > 0) EXPECT_EQ(cudaMemcpy(data, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    if (host != nullptr && bytes > 0) copy_host_to_device(data, host, bytes);
   }
   ~DeviceArray() { cudaFree(data); }
   DeviceArray(const DeviceArray&) = delete;

@@ -76,9 +76,7 @@ void graph_rounds(const std::vector<Expected>& expected, Team& team, cudaStream_
 
   for (const Expected& x : expected) {
     const ref::HtTokens& t = x.tokens[rank];
-    const auto copy = [](void* dst, const auto& v) {
-      ASSERT_EQ(cudaMemcpy(dst, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice), cudaSuccess);
-    };
+    const auto copy = [](void* dst, const auto& v) { copy_host_to_device(dst, v.data(), v.size() * sizeof(v[0])); };
     copy(in.x->data, t.x_bf16.data);
     copy(in.topk->data, t.topk_idx.data);
     copy(in.weights->data, t.topk_weights.data);
@@ -157,9 +155,7 @@ TEST(HtValidation, BadArgumentsAndInvalidExpertIds) {
     // Rank 1's token 5 names expert E: both ranks' dispatches fail, naming it.
     if (rank == 1) {
       const int64_t bad = kCase.E;
-      ASSERT_EQ(cudaMemcpy(static_cast<int64_t*>(in.args.topk_idx.data) + 5 * kCase.K + 2, &bad, sizeof(bad),
-                           cudaMemcpyHostToDevice),
-                cudaSuccess);
+      copy_host_to_device(static_cast<int64_t*>(in.args.topk_idx.data) + 5 * kCase.K + 2, &bad, sizeof(bad));
     }
     expect_refused([&] { buffer.dispatch(in.args, on); },
                    rank == 1 ? "topk_idx[5][2] = " + std::to_string(kCase.E) : std::string("rank 1 passed"));

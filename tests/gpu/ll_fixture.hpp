@@ -58,6 +58,21 @@ inline bool uses_ue8m0(const LlCase& c) { return c.payload == LlPayload::fp8_ue8
 // The team a case runs on: the world team's size, or its single-GPU rank count.
 inline int team_size(const LlCase& c) { return c.single_gpu_ranks == 0 ? rank_info().world_size : c.single_gpu_ranks; }
 
+// Small enough to check every call; H = 512 allows UE8M0, E = 32 divides among 2, 4 and 8 ranks.
+inline LlCase ll_small_case(int single_gpu_ranks) {
+  return LlCase{.single_gpu_ranks = single_gpu_ranks,
+                .T = 16,
+                .T_max = 16,
+                .H = 512,
+                .K = 4,
+                .E = 32,
+                .routing = Routing::uniform,
+                .p_empty = 0.1,
+                .payload = LlPayload::fp8,
+                .dispatch_weights = true,
+                .name = "small"};
+}
+
 // The whole team's inputs and the reference's outputs.
 struct LlExpected {
   int R = 0, E = 0, E_local = 0;
@@ -146,7 +161,7 @@ inline const char* order_name(LlCombineOrder order) {
 template <typename T>
 void copy_to_device(void* device, const std::vector<T>& host) {
   if (host.empty()) return;
-  ASSERT_EQ(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  copy_host_to_device(device, host.data(), host.size() * sizeof(T));
 }
 
 template <typename T>
@@ -435,6 +450,36 @@ inline void check_ll_combine(const LlCase& c, const LlExpected& x, int rank, con
   std::vector<int32_t> tokens(std::size_t(c.T));
   for (int t = 0; t < c.T; ++t) tokens[std::size_t(t)] = t;
   expect_rows_equal(order_name(order), rank, download<uint16_t>(o.out), want.data, c.T, c.H, tokens);
+}
+
+// The exchange as a rank that masks `masked` sees it: their experts are -1 in every rank's top-k, and
+// their own tokens name no expert.
+inline LlExpected ll_masked_expected(const LlCase& c, int R, uint32_t seed, const std::vector<bool>& masked) {
+  LlExpected x = make_ll_inputs(c, R, seed);
+  for (int r = 0; r < R; ++r) {
+    for (int64_t& e : x.tokens[r].topk_idx.data) {
+      if (masked[r] || (e >= 0 && masked[e / x.E_local])) e = -1;
+    }
+  }
+  compute_ll_reference(c, x);
+  return x;
+}
+
+// One dispatch and one combine per order on this rank, with `in` holding `want`'s inputs, checked
+// against `want` (this rank's outputs only). Nothing is allocated or freed here: on a single-GPU team a
+// cudaFree waits for every kernel of the GPU, other ranks' included, which may be waiting for this rank.
+inline void ll_exchange_and_check(const LlCase& c, const LlExpected& want, LlBuffer& buffer, int rank,
+                                  const LlRankInputs& in, const LlOutputs& out, cudaStream_t stream) {
+  poison_ll_outputs(out, stream);
+  const LlDispatchResult d = buffer.dispatch(ll_dispatch_args(c, in, out), Streams{stream});
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  check_ll_dispatch(c, want, rank, out);
+  for (const LlCombineOrder order : ll_orders(c)) {
+    poison(out.out, stream);
+    buffer.combine(ll_combine_args(c, want, in, out, d.handle, order), Streams{stream});
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    check_ll_combine(c, want, rank, out, order);
+  }
 }
 
 }  // namespace epx::test

@@ -23,21 +23,6 @@ namespace {
 
 constexpr uint32_t kSeed = 4000;
 
-// Small enough to check every call; H = 512 allows UE8M0, E = 32 divides among 2, 4 and 8 ranks.
-LlCase modes_case(int single_gpu_ranks) {
-  return LlCase{.single_gpu_ranks = single_gpu_ranks,
-                .T = 16,
-                .T_max = 16,
-                .H = 512,
-                .K = 4,
-                .E = 32,
-                .routing = Routing::uniform,
-                .p_empty = 0.1,
-                .payload = LlPayload::fp8,
-                .dispatch_weights = true,
-                .name = "modes"};
-}
-
 // One rank's buffer, the inputs of `sets` different seeds and one output set per input set.
 struct Rig {
   LlCase c;
@@ -231,7 +216,7 @@ class LlModes : public ::testing::TestWithParam<int> {
     if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
   }
   void run(void (*body)(const LlCase&, Team&, cudaStream_t)) {
-    const LlCase c = modes_case(GetParam());
+    const LlCase c = ll_small_case(GetParam());
     on_ranks(GetParam(), [&](Team& team, cudaStream_t stream) { body(c, team, stream); });
   }
 };
@@ -351,7 +336,7 @@ void refuse_bad_combine_arguments(Rig& rig, const Streams& on, int rank) {
 }
 
 TEST(LlValidation, BadArgumentsAreRefusedBeforeLaunch) {
-  const LlCase c = modes_case(2);
+  const LlCase c = ll_small_case(2);
   on_single_gpu_team(2, TeamOptions{}, [&](Team& team, cudaStream_t stream) {
     const int rank = team.rank();
     Rig rig(c, team, 1);
@@ -383,7 +368,7 @@ TEST(LlValidation, BadArgumentsAreRefusedBeforeLaunch) {
 // (8) Rank 1's token 5 names `bad` in slot 0: the call goes on as if it were -1 (on the expert side
 // and on rank 1 as home rank alike), and rank 1's check_errors names the token and slot.
 TEST(LlErrors, InvalidExpertIdIsReportedAndCountsAsEmpty) {
-  LlCase c = modes_case(2);
+  LlCase c = ll_small_case(2);
   c.p_empty = 0.0;  // slot 0 of token 5 names a real expert before the edit
   for (const int64_t bad : {int64_t(c.E), int64_t(-2)}) {
     LlExpected x = make_ll_inputs(c, 2, kSeed);
@@ -396,20 +381,9 @@ TEST(LlErrors, InvalidExpertIdIsReportedAndCountsAsEmpty) {
       const LlRankInputs in = upload_ll_inputs(c, x, rank);
       const LlOutputs out = allocate_ll_outputs(c, x, buffer);
       if (rank == 1) {
-        ASSERT_EQ(
-            cudaMemcpy(static_cast<int64_t*>(in.topk_idx->data) + 5 * c.K, &bad, sizeof(bad), cudaMemcpyHostToDevice),
-            cudaSuccess);
+        copy_host_to_device(static_cast<int64_t*>(in.topk_idx->data) + 5 * c.K, &bad, sizeof(bad));
       }
-      poison_ll_outputs(out, stream);
-      const LlDispatchResult d = buffer.dispatch(ll_dispatch_args(c, in, out), Streams{stream});
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      check_ll_dispatch(c, x, rank, out);
-      for (const LlCombineOrder order : ll_orders(c)) {
-        poison(out.out, stream);
-        buffer.combine(ll_combine_args(c, x, in, out, d.handle, order), Streams{stream});
-        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-        check_ll_combine(c, x, rank, out, order);
-      }
+      ll_exchange_and_check(c, x, buffer, rank, in, out, stream);
       try {
         buffer.check_errors();
         if (rank == 1) ADD_FAILURE() << "rank 1: check_errors reported nothing";
@@ -426,7 +400,7 @@ TEST(LlErrors, InvalidExpertIdIsReportedAndCountsAsEmpty) {
 // (9) Rank 1 never calls: rank 0's dispatch waits at most the team's timeout, and check_errors (or, at
 // the latest, the next call) reports a timeout naming the LL dispatch phase and rank 1.
 TEST(LlTimeout, AbsentPeerIsNamed) {
-  const LlCase c = modes_case(2);
+  const LlCase c = ll_small_case(2);
   on_single_gpu_team(2, TeamOptions{std::chrono::milliseconds(300)}, [&](Team& team, cudaStream_t stream) {
     Rig rig(c, team, 1);
     if (team.rank() == 1) return;  // rank 1 is "dead"

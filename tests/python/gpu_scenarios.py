@@ -40,9 +40,11 @@ def all_inputs(tokens, seed):
     return [make_inputs(r, tokens[r], seed) for r in range(R)]
 
 
-def to_fp8(x):
-    """(fp8 x, float32 scales [T, H/128]) with arbitrary positive scales (HT moves both as they are)."""
-    scales = torch.rand(x.size(0), HIDDEN // 128, device=x.device) + 0.5
+def to_fp8(x, rank):
+    """(fp8 x, float32 scales [T, H/128]) with arbitrary positive scales (HT moves both as they are); seeded
+    by the source rank, so that every rank makes the same scales for it."""
+    g = torch.Generator().manual_seed(7919 + rank)
+    scales = (torch.rand(x.size(0), HIDDEN // 128, generator=g) + 0.5).to(x.device)
     fp8 = (x.float() / 4).clamp(-400, 400).to(torch.float8_e4m3fn)
     return fp8, scales
 
@@ -223,7 +225,7 @@ def ht_dispatch_combine_bf16(ctx):
 
 def ht_dispatch_fp8_column_major_scales(ctx):
     inputs = all_inputs(HT_TOKENS, 3)
-    fp8 = [to_fp8(x) for x, _, _ in inputs]
+    fp8 = [to_fp8(x, s) for s, (x, _, _) in enumerate(inputs)]
     x, scales = fp8[ctx.rank]
     scales = scales.t().contiguous().t()  # column-major, as FP8 GEMM producers write them
     _, topk, w = inputs[ctx.rank]
@@ -406,13 +408,47 @@ def ll_hooks_and_async(ctx):
     event.current_stream_wait()
     close(combined, want, "low_latency_combine (async)")
     ctx.ll.clean_low_latency_buffer(LL_MAX_TOKENS, HIDDEN, EXPERTS)  # a no-op in epx; calls still work after it
-    for name in ("low_latency_update_mask_buffer", "low_latency_clean_mask_buffer"):
-        try:
-            getattr(ctx.ll, name)(*((1,) if "update" in name else ()))
-        except NotImplementedError:
-            pass
-        else:
-            raise AssertionError(f"{name} should say it is not implemented")
+
+
+def ll_rank_masking(ctx):
+    """enable_shrink: each rank masks the other (before the LL buffer exists, so epx applies it when it
+    makes it) and exchanges alone; both clean their masks and exchange together again."""
+    other = 1 - ctx.rank
+    ll_bytes = deep_ep.Buffer.get_low_latency_rdma_size_hint(LL_MAX_TOKENS, HIDDEN, R, EXPERTS)
+    buffer = deep_ep.Buffer(
+        ctx.group, num_rdma_bytes=ll_bytes, low_latency_mode=True, enable_shrink=True, explicitly_destroy=True
+    )
+    try:
+        inputs = all_inputs(LL_TOKENS, 11)
+        x, topk, w = inputs[ctx.rank]
+        status = torch.full((R,), -1, dtype=torch.int32, device=x.device)
+
+        def exchange(seen, what):
+            recv_x, recv_count, handle, _, _ = buffer.low_latency_dispatch(x, topk, LL_MAX_TOKENS, EXPERTS, use_fp8=False)
+            check_ll_dispatch(seen, ctx.rank, recv_x, recv_count, handle)
+            marks = torch.tensor([expert_scale(ctx.rank * E_LOCAL + e) for e in range(E_LOCAL)], device=x.device)
+            combined, _, _ = buffer.low_latency_combine((recv_x.float() * marks[:, None, None]).bfloat16(), topk, w, handle)
+            close(combined, ref_ll_combine(seen, ctx.rank, expert_scale), f"low_latency_combine ({what})")
+
+        buffer.low_latency_update_mask_buffer(other, True)
+        buffer.low_latency_query_mask_buffer(status)
+        assert status.tolist() == [int(r == other) for r in range(R)], status
+        # as this rank sees the exchange: the other rank's experts are -1 and it sends nothing
+        alone = [
+            (xs, torch.where((t >= 0) & (t // E_LOCAL == other), -1, t) if s == ctx.rank else torch.full_like(t, -1), ws)
+            for s, (xs, t, ws) in enumerate(inputs)
+        ]
+        for _ in range(2):
+            exchange(alone, "masked")
+        buffer.low_latency_query_mask_buffer(status)
+        assert status.tolist() == [int(r == other) for r in range(R)], status
+        buffer.low_latency_clean_mask_buffer()
+        buffer.low_latency_query_mask_buffer(status)
+        assert status.tolist() == [0] * R, status
+        for _ in range(2):
+            exchange(inputs, "together again")
+    finally:
+        buffer.destroy()
 
 
 # ---- the native API (epx.Buffer) -------------------------------------------------------------------------
@@ -463,6 +499,7 @@ SCENARIOS = {
         ll_dispatch_bf16_combine,
         ll_dispatch_fp8,
         ll_hooks_and_async,
+        ll_rank_masking,
         native_buffer,
     )
 }

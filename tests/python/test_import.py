@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import epx
 from conftest import header_version
 
@@ -13,6 +15,8 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 
 
 def test_version_is_the_headers():
+    if epx._loader.build_info() is None:
+        pytest.skip("run from a source tree (EPX_LIBRARY): the version comes from the installed build's record")
     assert epx.__version__ == header_version()
 
 

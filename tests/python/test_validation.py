@@ -32,8 +32,6 @@ def offline_buffer(**attributes):
 def test_constructor_refuses_what_epx_cannot_honour():
     with pytest.raises(ValueError, match="Either 'group' or 'comm'"):
         deep_ep.Buffer(None)
-    with pytest.raises(NotImplementedError, match="rank masking"):
-        deep_ep.Buffer(object(), enable_shrink=True)
     with pytest.raises(NotImplementedError, match="NVLink only"):
         deep_ep.Buffer(object(), allow_nvlink_for_low_latency_mode=False)
     with pytest.raises(ValueError, match=">= 0"):
@@ -42,15 +40,23 @@ def test_constructor_refuses_what_epx_cannot_honour():
         deep_ep.Buffer(object(), num_rdma_bytes=1e9)
 
 
-def test_mask_buffer_calls_say_they_are_not_implemented():
-    buffer = offline_buffer()
+def test_mask_buffer_calls_need_shrink_mode_and_another_rank():
+    buffer = offline_buffer(enable_shrink=False, _masked_ranks=set(), _ll=None, rank=0, group_size=2)
     for call in (
         lambda: buffer.low_latency_update_mask_buffer(1, True),
         lambda: buffer.low_latency_query_mask_buffer(None),
         buffer.low_latency_clean_mask_buffer,
     ):
-        with pytest.raises(NotImplementedError, match="rank masking"):
+        with pytest.raises(RuntimeError, match="enable_shrink=True"):
             call()
+    buffer.enable_shrink = True
+    for rank in (0, 2, -1):  # itself, and outside the group
+        with pytest.raises(ValueError, match="another rank"):
+            buffer.low_latency_update_mask_buffer(rank, True)
+    buffer.low_latency_update_mask_buffer(1, True)  # no LL buffer yet: kept for when it is made
+    assert buffer._masked_ranks == {1}
+    buffer.low_latency_clean_mask_buffer()
+    assert buffer._masked_ranks == set()
 
 
 def test_destroy_needs_explicitly_destroy():

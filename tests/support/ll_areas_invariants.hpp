@@ -32,6 +32,7 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
                       {a.entry_rows, 4 * messages * K},
                       {a.entry_weights, 4 * messages * K},
                       {a.home, sizeof(core::LlHomeToken) * core::kLlSets * T},
+                      {a.rank_mask, 4 * R},
                       {a.private_bytes, 0}};
   const auto check = [](const Area* areas, std::size_t n, const char* what) -> std::string {
     for (std::size_t i = 0; i + 1 < n; ++i) {

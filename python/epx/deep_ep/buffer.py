@@ -20,18 +20,13 @@ import operator
 import sys
 from typing import List, Optional, Tuple, Union
 
-from .. import _loader
+from .. import _abi
 from .._torch import CallStreams, check_device, torch
 from ..ht import HtBuffer, HtHandle
 from ..ll import LlBuffer, LlHandle
 from ..team import Team
 from .config import Config
 from .utils import EventOverlap
-
-_MASK_UNSUPPORTED = (
-    "epx: rank masking (DeepEP's shrink mode: enable_shrink and the low_latency_*_mask_buffer "
-    "calls) is not implemented in epx yet"
-)
 
 # Top-k the LL buffer is made for when the call's is smaller (a later call up to it needs no new buffer),
 # and the top-k get_low_latency_rdma_size_hint assumes (its arguments have none; DeepSeek-V3's is 8).
@@ -99,8 +94,11 @@ class Buffer:
     Arguments epx accepts but does not need: num_qps_per_rank (RDMA queue pairs: epx's LL runs over
     NVLink), allow_mnnvl and use_fabric (epx uses the NVLink domain NCCL reports, multi-node NVLink
     included, and NCCL's allocator). Arguments epx cannot honour raise NotImplementedError:
-    allow_nvlink_for_low_latency_mode=False (epx's LL is NVLink-only) and enable_shrink=True (rank
-    masking). comm (an mpi4py communicator) may replace group, as in DeepEP.
+    allow_nvlink_for_low_latency_mode=False (epx's LL is NVLink-only). comm (an mpi4py communicator) may
+    replace group, as in DeepEP.
+
+    enable_shrink=True (rank masking): a low-latency wait on a rank that expires masks that rank instead
+    of failing, and the low_latency_*_mask_buffer calls work (include/epx/ll.hpp says what masking does).
     """
 
     num_sms: int = 20
@@ -124,8 +122,6 @@ class Buffer:
         _int(num_qps_per_rank, "num_qps_per_rank")
         if num_nvl_bytes < 0 or num_rdma_bytes < 0:
             raise ValueError(f"epx: buffer sizes must be >= 0, got {num_nvl_bytes}, {num_rdma_bytes}")
-        if enable_shrink:
-            raise NotImplementedError(_MASK_UNSUPPORTED)
         if not allow_nvlink_for_low_latency_mode:
             raise NotImplementedError(
                 "epx: the low-latency mode runs over NVLink only; "
@@ -147,7 +143,8 @@ class Buffer:
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
-        self.enable_shrink = enable_shrink
+        self.enable_shrink = bool(enable_shrink)
+        self._masked_ranks = set()  # masked by the caller; applied to every LL buffer made
         self._ht_num_sms = 0
         self._last_num_experts: Optional[int] = None
         self._comm_stream = torch().cuda.Stream(device=self._team.device)
@@ -155,9 +152,8 @@ class Buffer:
     # ---- static helpers ------------------------------------------------------------------------------
     @staticmethod
     def is_sm90_compiled() -> bool:
-        """Whether the kernels were compiled for Hopper (epx always is, for sm_90a)."""
-        info = _loader.build_info()
-        return info is not None and "90" in str(getattr(info, "cuda_architectures", ""))
+        """Whether the kernels were compiled for Hopper (epx always is, for sm_90a); asks the library."""
+        return "90" in _abi.lib().epx_cuda_architectures().decode()
 
     @staticmethod
     def set_num_sms(new_num_sms: int) -> None:
@@ -543,7 +539,16 @@ class Buffer:
         if current is not None:
             self._ll = None
             current.destroy()
-        self._ll = LlBuffer(team, max_tokens_per_rank=max_tokens, hidden=hidden, max_topk=topk, num_experts=num_experts)
+        self._ll = LlBuffer(
+            team,
+            max_tokens_per_rank=max_tokens,
+            hidden=hidden,
+            max_topk=topk,
+            num_experts=num_experts,
+            mask_on_timeout=self.enable_shrink,
+        )
+        for rank in sorted(self._masked_ranks):
+            self._ll.set_rank_masked(rank, True)
         return self._ll
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
@@ -669,14 +674,43 @@ class Buffer:
             raise RuntimeError("epx: the handle's LL buffer was replaced since its dispatch")
         return buffer.combine_buffer()[:, :, : handle[3]]
 
+    # ---- rank masking (shrink mode) ------------------------------------------------------------------
+    # epx makes its LL buffer at the first low_latency_dispatch; the caller's masks are kept here and
+    # applied to it then. Masks made by expired waits live in the LL buffer only.
+    def _require_shrink(self, what: str) -> None:
+        if not self.enable_shrink:
+            raise RuntimeError(f"epx: {what} needs Buffer(..., enable_shrink=True)")
+
     def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False):
-        raise NotImplementedError(_MASK_UNSUPPORTED)
+        """Masks (mask=True) or unmasks `rank_to_mask` for this rank's low-latency calls, on the current stream."""
+        self._require_shrink("low_latency_update_mask_buffer")
+        rank = _int(rank_to_mask, "rank_to_mask")
+        if not 0 <= rank < self.group_size or rank == self.rank:
+            raise ValueError(f"epx: rank_to_mask must be another rank in [0, {self.group_size}), got {rank}")
+        if mask:
+            self._masked_ranks.add(rank)
+        else:
+            self._masked_ranks.discard(rank)
+        if self._ll is not None:
+            self._ll.set_rank_masked(rank, bool(mask))
 
     def low_latency_query_mask_buffer(self, mask_status):
-        raise NotImplementedError(_MASK_UNSUPPORTED)
+        """Writes 1 for each masked rank, else 0, into `mask_status` (int32 [num_ranks], CUDA), on the current stream."""
+        self._require_shrink("low_latency_query_mask_buffer")
+        t = torch()
+        if self._ll is not None:
+            self._ll.query_rank_mask(mask_status)
+            return
+        check_device(mask_status, "mask_status", self._team.device)
+        known = t.tensor([int(r in self._masked_ranks) for r in range(self.group_size)], dtype=mask_status.dtype)
+        mask_status.copy_(known.to(mask_status.device), non_blocking=False)
 
     def low_latency_clean_mask_buffer(self):
-        raise NotImplementedError(_MASK_UNSUPPORTED)
+        """Unmasks every rank (see include/epx/ll.hpp for when a masked rank may come back)."""
+        self._require_shrink("low_latency_clean_mask_buffer")
+        self._masked_ranks.clear()
+        if self._ll is not None:
+            self._ll.clear_rank_mask()
 
 
 __all__ = ["Buffer", "DispatchHandle", "LowLatencyHandle"]

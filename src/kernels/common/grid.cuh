@@ -14,18 +14,16 @@ constexpr int kWarp = 32;
 
 // Whether a wait of this rank's team has expired (then its kernels stop and signal nothing more).
 __device__ inline bool team_failed(const transport::TeamView& team) {
-  return transport::load_relaxed_sys(&team.report->claimed) != 0u;
+  return transport::load_relaxed_sys(&team.control_of(team.rank)->failed) != 0u;
 }
 
-// The whole CTA waits (acquire, bounded) until *flag_of(r) >= expected for every rank r; thread r waits
-// for rank r. Returns false on every thread when a wait expired (the team is failed).
-template <typename FlagOf>
-__device__ bool wait_for_all_ranks(const transport::TeamView& team, FlagOf flag_of, uint64_t expected,
-                                   transport::WaitPhase phase, uint32_t detail) {
+// The whole CTA waits until wait_for(r) has returned for every rank r; thread r waits for rank r.
+// wait_for(r) is a bounded wait (wait_at_least) that returns false when the team failed. Returns false on
+// every thread when a wait did.
+template <typename WaitFor>
+__device__ bool wait_for_all_ranks(const transport::TeamView& team, WaitFor wait_for) {
   bool ok = true;
-  for (int r = threadIdx.x; r < team.nranks; r += blockDim.x) {
-    ok = ok && transport::wait_at_least(team, flag_of(r), expected, transport::WaitSite{phase, r, detail});
-  }
+  for (int r = threadIdx.x; r < team.nranks; r += blockDim.x) ok = ok && wait_for(r);
   return __syncthreads_and(ok);
 }
 

@@ -14,8 +14,9 @@ namespace epx::kernels::ht {
 
 // The whole CTA waits until this rank's flag[kind][r] >= seq for every rank r (wait_for_all_ranks).
 __device__ inline bool wait_for_every_rank(const BufferView& b, int kind, uint64_t seq, transport::WaitPhase phase) {
-  return wait_for_all_ranks(
-      b.team, [&](int r) { return b.flag(b.team.rank, kind, r); }, seq, phase, 0);
+  return wait_for_all_ranks(b.team, [&](int r) {
+    return transport::wait_at_least(b.team, b.flag(b.team.rank, kind, r), seq, transport::WaitSite{phase, r, 0});
+  });
 }
 
 // Called by every thread of every CTA once its own stores are issued (see last_cta_done). The last
@@ -24,10 +25,11 @@ __device__ inline bool wait_for_every_rank(const BufferView& b, int kind, uint64
 template <typename BeforeSignal>
 __device__ bool last_cta_signals(const BufferView& b, int kind, uint32_t* blocks_done, BeforeSignal before_signal) {
   __shared__ bool signalled;
-  if (!last_cta_done(blocks_done)) return false;  // the same answer on every thread of a CTA
+  const bool failed = threadIdx.x == 0 && team_failed(b.team);  // loaded early: hidden behind the fences
+  if (!last_cta_done(blocks_done)) return false;                // the same answer on every thread of a CTA
   if (threadIdx.x == 0) {
     before_signal();
-    signalled = !team_failed(b.team);
+    signalled = !failed;
     for (int r = 0; signalled && r < b.team.nranks; ++r) {
       transport::add_release_sys(b.flag(r, kind, b.team.rank), 1);
     }

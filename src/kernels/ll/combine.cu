@@ -4,8 +4,8 @@
 // Protocol, for combine buffer set `set`, reversing the dispatch of set `dset` (areas of
 // core::LlAreas; flags, the sequence number and the "set is free" wait as in protocol.cuh).
 //   Send (expert side me): per message (s, t) that dispatch received (its private record: slots,
-//   entry_rows, entry_weights), split into parts over warps; a warp waits until every home rank has
-//   freed `set` before its first remote store:
+//   entry_rows, entry_weights) from a home rank s not masked now, split into parts over warps; a warp
+//   waits until every home rank has freed `set` before its first remote store:
 //     local: p = 0; for its slots k ascending: p = fmaf(weight_k, y[entry_rows_k], p); the BF16 of p
 //            goes to combine_row(s, set, me, t) (a slot repeating an expert counts again, with its weight);
 //     naive: y[entry_rows_k] goes to combine_row(s, set, k, t) for every slot k.
@@ -13,7 +13,8 @@
 //   Receive (home me): every CTA waits until every rank has signalled ready. Then
 //     out[t] = BF16 of: local: the sum of float(combine_row(me, set, r, t)) over t's ranks r ascending
 //     (home(dset, t)); naive: fmaf(w[t][k], float(combine_row(me, set, k, t)), acc) over t's valid
-//     slots k ascending. A token with no expert gets 0. Then the last CTA signals freed to every rank.
+//     slots k ascending. Ranks masked now are left out (rank masking, protocol.cuh). A token with no
+//     expert gets 0. Then the last CTA signals freed to every rank.
 #include <cuda_bf16.h>
 
 #include "core/cuda_check.hpp"
@@ -26,6 +27,7 @@ namespace epx::kernels::ll {
 namespace {
 
 constexpr int kThreads = 512;
+static_assert(kThreads >= kMaxNvlinkRanks, "send() loads one rank's mask per thread");
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kColsPerLane = 16;                    // two 16-byte vectors of BF16
 constexpr int kColsPerItem = kWarp * kColsPerLane;  // a work item: 512 columns of one row
@@ -75,7 +77,8 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
   const int k = lane % core::kLlMaxTopk;
   const int32_t row_of_slot = v.entry_rows_of(p.dispatch_set, s, t)[k];
   const float weight_of_slot = v.entry_weights_of(p.dispatch_set, s, t)[k];
-  if (slots == 0u) return true;  // no message from (s, t) in that dispatch
+  const bool home_masked = is_masked(v, s);     // loaded with the record, not after it
+  if (slots == 0u || home_masked) return true;  // no message from (s, t) in that dispatch, or s is masked
   if (!free) free = wait_set_free(v, core::kLlCombine, p.set, cseq);
   if (!free) return false;
   const int chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
@@ -115,7 +118,10 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
 }
 
 __device__ void send(const CombineParams& p, uint64_t cseq) {
+  __shared__ bool masked[kMaxNvlinkRanks];
   const LlView& v = p.v;
+  // This CTA's view of the mask for the signals (loaded now, used at the end).
+  const bool rank_masked = int(threadIdx.x) < v.team.nranks && is_masked(v, threadIdx.x);
   const int messages = v.team.nranks * v.max_tokens;
   const int warps = gridDim.x * kWarps;
   const int chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
@@ -126,14 +132,15 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
     const int message = item / parts;
     ok = send_message(p, cseq, message / v.max_tokens, message % v.max_tokens, item % parts, parts, free);
   }
-  last_cta_signals(v, v.blocks_done_of(core::kLlCombine, kLlSend), core::kLlReady, core::kLlCombine, p.set, cseq,
-                   [](int) {});
+  if (int(threadIdx.x) < v.team.nranks) masked[threadIdx.x] = rank_masked;
+  last_cta_signals(v, v.blocks_done_of(core::kLlCombine, kLlSend), masked, core::kLlReady, core::kLlCombine, p.set,
+                   cseq, [](int) {});
 }
 
 // ---- Receive ----
 
-// One warp: 512 columns of out[t].
-__device__ void receive_item(const CombineParams& p, int t, int chunk) {
+// One warp: 512 columns of out[t]. `masked`: the CTA's view of the mask (wait_every_peer).
+__device__ void receive_item(const CombineParams& p, const bool* masked, int t, int chunk) {
   const LlView& v = p.v;
   const int me = v.team.rank, lane = threadIdx.x % kWarp;
   const int col = chunk * kColsPerItem + lane * kColsPerLane;
@@ -143,6 +150,7 @@ __device__ void receive_item(const CombineParams& p, int t, int chunk) {
   if (p.naive) {
     for (uint32_t slots = home.slots; slots != 0u; slots &= slots - 1u) {
       const int k = __ffs(slots) - 1;
+      if (masked[home.slot_ranks[k]]) continue;
       const float w = p.weights[t * p.weights_row_stride + k];
       const Vectors in = load_row(v.combine_row(me, p.set, k, t), col);
 #pragma unroll
@@ -151,13 +159,15 @@ __device__ void receive_item(const CombineParams& p, int t, int chunk) {
   } else {
     for (int i0 = 0; i0 < home.num_ranks; i0 += kRowsInFlight) {
       Vectors in[kRowsInFlight];
+      bool used[kRowsInFlight];
 #pragma unroll
       for (int b = 0; b < kRowsInFlight; ++b) {
-        if (i0 + b < home.num_ranks) in[b] = load_row(v.combine_row(me, p.set, home.ranks[i0 + b], t), col);
+        used[b] = i0 + b < home.num_ranks && !masked[home.ranks[i0 + b]];
+        if (used[b]) in[b] = load_row(v.combine_row(me, p.set, home.ranks[i0 + b], t), col);
       }
 #pragma unroll
       for (int b = 0; b < kRowsInFlight; ++b) {
-        if (i0 + b >= home.num_ranks) break;
+        if (!used[b]) continue;
 #pragma unroll
         for (int i = 0; i < kColsPerLane; ++i) acc[i] = __fadd_rn(acc[i], bf16_at(in[b], i));
       }
@@ -168,14 +178,15 @@ __device__ void receive_item(const CombineParams& p, int t, int chunk) {
 
 __device__ void receive(const CombineParams& p, uint64_t cseq) {
   const LlView& v = p.v;
-  if (!wait_every_peer(v, core::kLlCombine, p.set, cseq, transport::WaitPhase::ll_combine_recv)) return;
+  __shared__ bool masked[kMaxNvlinkRanks];
+  if (!wait_every_peer(v, core::kLlCombine, p.set, cseq, transport::WaitPhase::ll_combine_recv, masked)) return;
   const int chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
   const int items = p.num_tokens * chunks;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; item < items; item += gridDim.x * kWarps) {
-    receive_item(p, item / chunks, item % chunks);
+    receive_item(p, masked, item / chunks, item % chunks);
   }
-  last_cta_signals(v, v.blocks_done_of(core::kLlCombine, kLlReceive), core::kLlFreed, core::kLlCombine, p.set, cseq,
-                   [](int) {});
+  last_cta_signals(v, v.blocks_done_of(core::kLlCombine, kLlReceive), masked, core::kLlFreed, core::kLlCombine, p.set,
+                   cseq, [](int) {});
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {

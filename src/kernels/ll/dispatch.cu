@@ -3,9 +3,9 @@
 //
 // Protocol, for buffer set `set` (areas of core::LlAreas; flags, the sequence number seq and the
 // "set is free" wait as in protocol.cuh).
-//   Send (rank me). Every CTA first stages my top-k table in shared memory (int16, -1 for none or an
-//   invalid id; CTA 0 records the first invalid one). A warp waits until the peers have freed the set
-//   before its first remote store.
+//   Send (rank me). Every CTA first stages my top-k table in shared memory (int16, -1 for none, an
+//   invalid id or an expert of a masked rank; CTA 0 records the first invalid id). A warp waits until the
+//   peers have freed the set before its first remote store.
 //     * Columns (every warp), token t and 512 columns: payload(r, set, me, t) = the row (BF16, or FP8
 //       cast once here, then its float scales) for every destination rank r of t. The warp of the
 //       first columns also writes header(r, set, me, t): seq, slots, unique_slots, and per slot the
@@ -15,7 +15,8 @@
 //       expert of r.
 //     Plain stores over NVLink. Then the last CTA writes tokens(r, set, me) = T and signals ready on
 //     every rank r (also those that get no message).
-//   Receive (rank me): every CTA waits until every source has signalled ready. Expert e's rows
+//   Receive (rank me): every CTA waits until every source has signalled ready (a masked source counts
+//   as having sent no token, see protocol.cuh). Expert e's rows
 //     are source ranks ascending, tokens ascending: the message of (s, t) goes to row begin(e, s) +
 //     block_row of every unique slot naming e, where begin(e, s) is the sum of expert_counts(me, set,
 //     s')[e] over s' < s; src_idx too; CTA 0 writes layout_range, recv_count and the statistics. A
@@ -37,6 +38,7 @@ namespace epx::kernels::ll {
 namespace {
 
 constexpr int kThreads = 512;
+static_assert(kThreads >= kMaxNvlinkRanks, "send() loads one rank's mask per thread");
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kColsPerLane = 16;                       // two 16-byte vectors of BF16
 constexpr int kColsPerItem = kWarp * kColsPerLane;     // a send work item: 512 columns of one token
@@ -57,10 +59,11 @@ __device__ int64_t checked_expert(const DispatchParams& p, int t, int k, bool re
   if (k >= p.topk) return -1;
   const int64_t e = topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, t, k);
   if (e >= -1 && e < p.v.num_experts) return e;
-  if (record && atomicCAS(&p.error->found, 0, 1) == 0) {
-    p.error->token = t;
-    p.error->slot = k;
-    p.error->value = e;
+  LlHostReport* report = p.v.host_report;
+  if (record && atomicCAS(&report->input_error, 0, 1) == 0) {
+    report->token = t;
+    report->slot = k;
+    report->value = e;
   }
   return -1;
 }
@@ -165,6 +168,7 @@ __device__ void write_routing(const DispatchParams& p, const int16_t* experts, u
   }
   LlHomeToken* home = v.home_of(p.set, t);
   if (leader) home->ranks[position] = int8_t(rank);
+  if (lane < core::kLlMaxTopk) home->slot_ranks[lane] = int8_t(rank);
   if (lane == 0) {
     home->num_ranks = __popc(leaders);
     home->slots = valid_slots;
@@ -219,8 +223,8 @@ __device__ bool send_columns(const DispatchParams& p, const int16_t* experts, ui
 // The last CTA counts my tokens per expert (a token naming one expert in two slots counts once) and
 // writes each rank's counts, [E_local] int32, to expert_counts(rank, set, me). Returns false when the
 // team failed.
-__device__ bool send_expert_counts(const DispatchParams& p, const int16_t* experts, int32_t* counts, uint64_t seq,
-                                   bool& free) {
+__device__ bool send_expert_counts(const DispatchParams& p, const int16_t* experts, const bool* masked, int32_t* counts,
+                                   uint64_t seq, bool& free) {
   const LlView& v = p.v;
   const int K = p.topk;
   for (int e = threadIdx.x; e < v.num_experts; e += blockDim.x) counts[e] = 0;
@@ -235,7 +239,7 @@ __device__ bool send_expert_counts(const DispatchParams& p, const int16_t* exper
   if (!ensure_set_free(p, seq, free)) return false;
   const int E_local = v.experts_per_rank();
   for (int e = threadIdx.x; e < v.num_experts; e += blockDim.x) {
-    v.expert_counts_of(e / E_local, p.set, v.team.rank)[e % E_local] = counts[e];
+    if (!masked[e / E_local]) v.expert_counts_of(e / E_local, p.set, v.team.rank)[e % E_local] = counts[e];
   }
   return true;
 }
@@ -248,26 +252,37 @@ __host__ __device__ inline std::size_t experts_table_bytes(int num_tokens, int t
 
 __device__ void send(const DispatchParams& p, uint64_t seq) {
   extern __shared__ int4 send_shared[];
+  __shared__ bool masked[kMaxNvlinkRanks];
   int16_t* experts = reinterpret_cast<int16_t*>(send_shared);
   int32_t* counts =
       reinterpret_cast<int32_t*>(reinterpret_cast<char*>(send_shared) + experts_table_bytes(p.num_tokens, p.topk));
   const LlView& v = p.v;
-  // Every CTA stages my top-k table once; CTA 0 records the first invalid id.
-  for (int i = threadIdx.x; i < p.num_tokens * p.topk; i += blockDim.x) {
+  // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
+  // become -1 in a second pass (only when a rank is masked). The mask is loaded first, so that its
+  // latency hides behind the table's (kThreads >= kMaxNvlinkRanks: one rank per thread).
+  const bool rank_masked = int(threadIdx.x) < v.team.nranks && is_masked(v, threadIdx.x);
+  const int entries = p.num_tokens * p.topk;
+  for (int i = threadIdx.x; i < entries; i += blockDim.x) {
     experts[i] = int16_t(checked_expert(p, i / p.topk, i % p.topk, blockIdx.x == 0));
   }
-  __syncthreads();
+  if (int(threadIdx.x) < v.team.nranks) masked[threadIdx.x] = rank_masked;
+  if (__syncthreads_or(rank_masked)) {  // its barrier also publishes the table and the mask
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
+      if (experts[i] >= 0 && masked[experts[i] / v.experts_per_rank()]) experts[i] = -1;
+    }
+    __syncthreads();
+  }
   bool free = false;  // this warp has seen the set freed by every peer
   const bool counting = blockIdx.x == gridDim.x - 1;
-  bool ok = !counting || send_expert_counts(p, experts, counts, seq, free);
+  bool ok = !counting || send_expert_counts(p, experts, masked, counts, seq, free);
   // Column items: the counting CTA's warps last.
   const int chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
   const int warps = gridDim.x * kWarps;
   for (int i = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && i < p.num_tokens * chunks; i += warps) {
     ok = send_columns(p, experts, seq, i / chunks, i % chunks, free);
   }
-  last_cta_signals(v, v.blocks_done_of(core::kLlDispatch, kLlSend), core::kLlReady, core::kLlDispatch, p.set, seq,
-                   [&](int r) { *v.tokens_of(r, p.set, v.team.rank) = p.num_tokens; });
+  last_cta_signals(v, v.blocks_done_of(core::kLlDispatch, kLlSend), masked, core::kLlReady, core::kLlDispatch, p.set,
+                   seq, [&](int r) { *v.tokens_of(r, p.set, v.team.rank) = p.num_tokens; });
 }
 
 // ---- Receive ----
@@ -281,13 +296,13 @@ struct MessageRows {
 };
 
 // Reads the header of (s, t) and finds each slot's row: expert e's rows from source s start after the
-// rows of sources s' < s (expert_counts), and the token's place among them is block_row. The header's
-// fields are loaded together, before the validity check.
-__device__ MessageRows message_rows(const DispatchParams& p, uint32_t seq, int s, int t) {
+// rows of unmasked sources s' < s (expert_counts), and the token's place among them is block_row. The
+// header's fields are loaded together, before the validity check. `masked`: the CTA's view of the mask.
+__device__ MessageRows message_rows(const DispatchParams& p, const bool* masked, uint32_t seq, int s, int t) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
   const LlMessageHeader* h = v.header(me, p.set, s, t);
-  const int tokens = *v.tokens_of(me, p.set, s);
+  const int tokens = masked[s] ? 0 : *v.tokens_of(me, p.set, s);
   const uint32_t header_seq = h->seq, slots = h->slots, unique_slots = h->unique_slots;
   const int k = lane % core::kLlMaxTopk;
   const int e = h->expert[k], block_row = h->block_row[k];
@@ -296,7 +311,9 @@ __device__ MessageRows message_rows(const DispatchParams& p, uint32_t seq, int s
   MessageRows m{sent ? slots : 0u, sent ? unique_slots : 0u, -1, 0.0f};
   if ((m.slots >> lane) & 1u) {
     int32_t begin = 0;
-    for (int earlier = 0; earlier < s; ++earlier) begin += v.expert_counts_of(me, p.set, earlier)[e];
+    for (int earlier = 0; earlier < s; ++earlier) {
+      if (!masked[earlier]) begin += v.expert_counts_of(me, p.set, earlier)[e];
+    }
     m.row = int32_t(e * v.rows_per_expert() + begin + block_row);
     m.weight = weight;
   }
@@ -306,7 +323,8 @@ __device__ MessageRows message_rows(const DispatchParams& p, uint32_t seq, int s
 // One warp, part `part` of `parts` of message (s, t): part 0 records the message for combine
 // (message_slots, entry_rows, entry_weights) and src_idx, and copies the scales; every part copies its
 // share of the payload's 16-byte vectors, each loaded once and stored into every row it expands to.
-__device__ void receive_message(const DispatchParams& p, uint32_t seq, int s, int t, int part, int parts) {
+__device__ void receive_message(const DispatchParams& p, const bool* masked, uint32_t seq, int s, int t, int part,
+                                int parts) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
   const char* payload = v.payload(me, p.set, s, t);
@@ -324,7 +342,7 @@ __device__ void receive_message(const DispatchParams& p, uint32_t seq, int s, in
     }
   };
   load_batch(first);
-  const MessageRows m = message_rows(p, seq, s, t);
+  const MessageRows m = message_rows(p, masked, seq, s, t);
   if (part == 0) {
     if (lane == 0) *v.message_slots_of(p.set, s, t) = m.slots;
     if ((m.slots >> lane) & 1u) {
@@ -372,12 +390,13 @@ __device__ void receive_message(const DispatchParams& p, uint32_t seq, int s, in
 __device__ void receive(const DispatchParams& p, uint64_t seq) {
   const LlView& v = p.v;
   const int R = v.team.nranks, me = v.team.rank;
-  if (!wait_every_peer(v, core::kLlDispatch, p.set, seq, transport::WaitPhase::ll_dispatch_recv)) return;
+  __shared__ bool masked[kMaxNvlinkRanks];
+  if (!wait_every_peer(v, core::kLlDispatch, p.set, seq, transport::WaitPhase::ll_dispatch_recv, masked)) return;
   if (blockIdx.x == 0) {  // the per-expert outputs
     for (int e = threadIdx.x; e < v.experts_per_rank(); e += blockDim.x) {
       int32_t begin = 0;
       for (int s = 0; s < R; ++s) {
-        const int32_t count = v.expert_counts_of(me, p.set, s)[e];
+        const int32_t count = masked[s] ? 0 : v.expert_counts_of(me, p.set, s)[e];
         p.layout_range[e * R + s] = LlRange{begin, count};
         begin += count;
       }
@@ -391,10 +410,10 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
   const int parts = max(1, min(warps / messages, 8));
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; item < messages * parts; item += warps) {
     const int message = item / parts;
-    receive_message(p, uint32_t(seq), message / v.max_tokens, message % v.max_tokens, item % parts, parts);
+    receive_message(p, masked, uint32_t(seq), message / v.max_tokens, message % v.max_tokens, item % parts, parts);
   }
-  last_cta_signals(v, v.blocks_done_of(core::kLlDispatch, kLlReceive), core::kLlFreed, core::kLlDispatch, p.set, seq,
-                   [](int) {});
+  last_cta_signals(v, v.blocks_done_of(core::kLlDispatch, kLlReceive), masked, core::kLlFreed, core::kLlDispatch, p.set,
+                   seq, [](int) {});
 }
 
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {

@@ -9,14 +9,24 @@
 
 namespace epx::kernels::ll {
 
+// What the LL kernels tell the host without it waiting (host-mapped; LlBuffer::check_errors reads it).
+struct LlHostReport {
+  int32_t input_error;  // 0 or 1: the first invalid expert id a dispatch met on this rank, sticky until reported
+  int32_t token, slot;
+  int64_t value;
+  uint32_t masked[kMaxNvlinkRanks];  // a mirror of rank_mask (core::LlAreas), for the host
+};
+
 // The buffer's areas (offsets of core::LlAreas): symmetric ones on every rank, private ones here.
 struct LlView {
   transport::TeamView team;
   transport::SymmetricView base;  // base.base[r]: rank r's symmetric allocation
   char* own;                      // this rank's private allocation
   uint64_t flags, dispatch_tokens, expert_counts, headers, payloads, combine_rows;
-  uint64_t blocks_done, message_slots, entry_rows, entry_weights, home;
+  uint64_t blocks_done, message_slots, entry_rows, entry_weights, home, rank_mask;
   int32_t max_tokens, hidden, max_topk, num_experts, combine_slots;
+  bool mask_on_timeout;  // LlBufferOptions::mask_on_timeout
+  LlHostReport* host_report;
 
   __host__ __device__ int experts_per_rank() const { return num_experts / team.nranks; }
   __host__ __device__ int64_t rows_per_expert() const { return int64_t(team.nranks) * max_tokens; }  // C
@@ -63,13 +73,7 @@ struct LlView {
   __device__ core::LlHomeToken* home_of(int set, int t) const {
     return reinterpret_cast<core::LlHomeToken*>(own + home) + int64_t(set) * max_tokens + t;
   }
-};
-
-// The first invalid expert id a dispatch met on this rank (host-mapped, sticky until the host reports it).
-struct LlInputError {
-  int32_t found;  // 0 or 1
-  int32_t token, slot;
-  int64_t value;
+  __device__ uint32_t* rank_mask_of(int r) const { return reinterpret_cast<uint32_t*>(own + rank_mask) + r; }
 };
 
 enum LlPhase : int { kLlSend = 0, kLlReceive = 1 };                             // the two steps of a call
@@ -97,7 +101,6 @@ struct DispatchParams {
   int32_t* src_idx;
   LlRange* layout_range;
   int32_t* cumulative_recv_count;  // or null
-  LlInputError* error;
 };
 
 struct CombineParams {
@@ -122,5 +125,8 @@ void load_dispatch_kernel();
 void load_combine_kernel();
 void launch_dispatch(const DispatchParams& params, int num_blocks, cudaStream_t stream);
 void launch_combine(const CombineParams& params, int num_blocks, cudaStream_t stream);
+void load_rank_mask_kernel();
+// Masks (or unmasks) ranks [first, last) other than this one (rank_mask.cu).
+void launch_update_rank_mask(const LlView& view, int first, int last, bool masked, cudaStream_t stream);
 
 }  // namespace epx::kernels::ll

@@ -12,6 +12,13 @@
 //   * When every CTA's reads are done, freed(r, op, set, me) = seq on every rank r (me included).
 // Signals are system-scope release stores by one thread; waits are acquires, bounded (wait_at_least).
 // One remote signal per call and peer: many CTAs adding to one remote counter serialise on it.
+//
+// Rank masking (rank_mask, written by the host through LlBuffer::set_rank_masked, or by a wait on that
+// rank that expired with mask_on_timeout): a masked rank is sent nothing, signalled nothing and waited for
+// never, and what it wrote is not read; a dispatch whose sends see it masked counts its experts as -1.
+// Kernels read the mask with relaxed loads where they use it. A rank masked while a call runs (by an
+// expiry, seconds into it) may be used by some parts of that call and skipped by others; calls that
+// start after the masking see it everywhere.
 #pragma once
 
 #include <cstdint>
@@ -27,32 +34,66 @@ __device__ inline uint64_t call_sequence(const LlView& v, int op, int set) {
   return transport::load_relaxed_sys(v.flag(v.team.rank, core::kLlFreed, op, set, v.team.rank)) + 1;
 }
 
+// Whether this rank no longer exchanges with rank r (rank masking, above).
+__device__ inline bool is_masked(const LlView& v, int r) {
+  return transport::load_relaxed_sys(v.rank_mask_of(r)) != 0u;
+}
+
+enum class PeerWait { arrived, masked, failed };
+
+// A bounded wait until *flag >= expected for peer r, skipped when r is masked. With mask_on_timeout, a
+// wait on another rank that expires masks it (rank_mask and its host mirror) instead of failing the
+// team; a wait also ends when r gets masked meanwhile. `failed`: the team failed.
+__device__ inline PeerWait wait_for_peer(const LlView& v, int r, const uint64_t* flag, uint64_t expected,
+                                         transport::WaitSite site) {
+  const bool masked = is_masked(v, r);  // both loads in flight at once
+  const bool here = transport::load_acquire_sys(flag) >= expected;
+  if (masked) return PeerWait::masked;
+  if (here) return PeerWait::arrived;
+  uint32_t* give_up = v.mask_on_timeout && r != v.team.rank ? v.rank_mask_of(r) : nullptr;
+  if (transport::wait_at_least(v.team, flag, expected, site, give_up)) return PeerWait::arrived;
+  if (give_up == nullptr || team_failed(v.team)) return PeerWait::failed;
+  atomicExch(&v.host_report->masked[r], 1u);
+  return PeerWait::masked;
+}
+
 // The whole warp waits until every peer has freed `set` of `op` after its previous use. Returns false
 // on every lane when the team failed.
 __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t seq) {
   bool ok = true;
   for (int r = threadIdx.x % kWarp; r < v.team.nranks; r += kWarp) {
-    ok = ok && transport::wait_at_least(v.team, v.flag(v.team.rank, core::kLlFreed, op, set, r), seq - 1,
-                                        transport::WaitSite{transport::WaitPhase::ll_set_reuse, r, uint32_t(set)});
+    const auto freed = v.flag(v.team.rank, core::kLlFreed, op, set, r);
+    ok = ok &&
+         wait_for_peer(v, r, freed, seq - 1,
+                       transport::WaitSite{transport::WaitPhase::ll_set_reuse, r, uint32_t(set)}) != PeerWait::failed;
   }
   return __all_sync(~0u, ok);
 }
 
-// The whole CTA waits until every peer's writes of the call are here (wait_for_all_ranks on "ready").
-__device__ inline bool wait_every_peer(const LlView& v, int op, int set, uint64_t seq, transport::WaitPhase phase) {
-  const auto ready = [&](int r) { return v.flag(v.team.rank, core::kLlReady, op, set, r); };
-  return wait_for_all_ranks(v.team, ready, seq, phase, uint32_t(set));
+// The whole CTA waits until every peer's writes of the call are here ("ready"). masked[r] (shared
+// memory, kMaxNvlinkRanks entries) becomes the ranks the CTA went on without: its view of the mask.
+__device__ inline bool wait_every_peer(const LlView& v, int op, int set, uint64_t seq, transport::WaitPhase phase,
+                                       bool* masked) {
+  return wait_for_all_ranks(v.team, [&](int r) {
+    const PeerWait w = wait_for_peer(v, r, v.flag(v.team.rank, core::kLlReady, op, set, r), seq,
+                                     transport::WaitSite{phase, r, uint32_t(set)});
+    masked[r] = w == PeerWait::masked;
+    return w != PeerWait::failed;
+  });
 }
 
 // Every thread of every CTA calls it once its accesses for the step are done. The last CTA's thread 0
-// sets flag `kind` about me to seq on every peer (release), unless the team failed; `before(r)` runs
-// first for each peer r (a store the flag must publish too). `blocks_done` is the step's private CTA
-// counter (last_cta_done).
+// sets flag `kind` about me to seq on every peer not in `masked` (release), unless the team failed;
+// `before(r)` runs first for each such peer r (a store the flag must publish too). `blocks_done` is the
+// step's private CTA counter (last_cta_done); `masked` the CTA's view of the mask (shared memory,
+// written before the call: last_cta_done's barrier publishes it).
 template <typename Before>
-__device__ void last_cta_signals(const LlView& v, uint32_t* blocks_done, int kind, int op, int set, uint64_t seq,
-                                 Before before) {
-  if (!last_cta_done(blocks_done) || threadIdx.x != 0 || team_failed(v.team)) return;
+__device__ void last_cta_signals(const LlView& v, uint32_t* blocks_done, const bool* masked, int kind, int op, int set,
+                                 uint64_t seq, Before before) {
+  const bool failed = threadIdx.x == 0 && team_failed(v.team);  // loaded early: hidden behind the fences
+  if (!last_cta_done(blocks_done) || threadIdx.x != 0 || failed) return;
   for (int r = 0; r < v.team.nranks; ++r) {
+    if (masked[r]) continue;
     before(r);
     transport::store_release_sys(v.flag(r, kind, op, set, v.team.rank), seq);
   }

@@ -38,8 +38,10 @@ enum class WaitPhase : uint32_t {
 // compare-and-swap of `claimed` 0 -> 1 (device scope is enough: one GPU writes it), fills the other
 // fields, then sets `complete` to 1 after a system-scope fence; the host reads the fields only when
 // `complete` is 1. Later timeouts (other threads giving up because the first one did) do not
-// overwrite it. Every wait also polls `claimed` now and then and gives up once it is set, so one
-// dead peer stops a whole kernel within about one timeout, not one timeout per waiting thread.
+// overwrite it. The claiming thread also sets ControlRegion::failed, which every wait polls now and then
+// (giving up once it is set, so one dead peer stops a whole kernel within about one timeout, not one
+// timeout per waiting thread) and every kernel reads before it signals peers: device memory, unlike
+// this report, which a GPU reads over PCIe in microseconds.
 struct WaitReport {
   uint32_t claimed;
   uint32_t complete;
@@ -53,7 +55,8 @@ struct WaitReport {
 };
 static_assert(sizeof(WaitReport) == 48, "WaitReport is shared with the host: keep its layout pinned");
 
-// The team's own control region (one symmetric allocation): barrier arrival counters.
+// The team's own control region (one symmetric allocation): barrier arrival counters, and whether the
+// team has failed.
 inline constexpr int kBarrierSlots = 32;  // barriers that may run at once (one per CTA that calls one)
 struct ControlRegion {
   // arrivals[slot][p]: how many times rank p arrived at barrier `slot` of the owning rank.
@@ -61,6 +64,8 @@ struct ControlRegion {
   uint64_t arrivals[kBarrierSlots][kMaxNvlinkRanks];
   // epoch[slot]: how many barriers on `slot` the owner has completed. Owner only.
   uint64_t epoch[kBarrierSlots];
+  // 1 once a wait of the owner's kernels expired (set by the thread that claimed the WaitReport). Owner only.
+  uint32_t failed;
 };
 
 struct TeamView {

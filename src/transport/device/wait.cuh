@@ -14,7 +14,7 @@ struct WaitSite {
   uint32_t detail;  // phase-specific (slot, channel, iteration)
 };
 
-// Records an expired wait in the team's report (first one wins; see WaitReport).
+// Records an expired wait in the team's report (first one wins; see WaitReport) and marks the team failed.
 __device__ inline void report_timeout(const TeamView& team, const WaitSite& site, uint64_t expected, uint64_t observed,
                                       uint64_t waited_ns) {
   WaitReport* r = team.report;
@@ -26,6 +26,7 @@ __device__ inline void report_timeout(const TeamView& team, const WaitSite& site
   r->expected = expected;
   r->observed = observed;
   r->waited_ns = waited_ns;
+  atomicExch(&team.control_of(team.rank)->failed, 1u);
   __threadfence_system();
   atomicExch(&r->complete, 1u);
 }
@@ -35,12 +36,16 @@ __device__ inline void report_timeout(const TeamView& team, const WaitSite& site
 // expires or another wait of this team has already expired. Callers must then stop their work and
 // return: the team is failed.
 //
+// With `give_up` (the LL rank mask of the peer waited for): the wait also returns false once *give_up is
+// nonzero (another wait masked the peer, or the host did), and on expiry it sets *give_up = 1 instead
+// of failing the team; the caller goes on without that peer.
+//
 // The spin polls with relaxed loads, which are cheaper than acquire loads; once the value is there, one
 // acquire load of the same flag orders what follows (the counter only grows, so it still satisfies).
 __device__ inline bool wait_at_least(const TeamView& team, const uint64_t* flag, uint64_t expected,
-                                     const WaitSite& site) {
+                                     const WaitSite& site, uint32_t* give_up = nullptr) {
   if (load_acquire_sys(flag) >= expected) return true;
-  // The clock and the report are read only every 1024 spins (they are slower than the flag); the clock
+  // The clock and the failure word are read only every 1024 spins (they are slower than the flag); the clock
   // starts at the first such read, so the bound is the timeout plus at most 1024 spins.
   uint64_t start = 0;
   for (uint32_t spin = 1;; ++spin) {
@@ -52,10 +57,15 @@ __device__ inline bool wait_at_least(const TeamView& team, const uint64_t* flag,
       const uint64_t now = global_timer_ns();
       if (start == 0) start = now;
       if (now - start > team.timeout_ns) {
-        report_timeout(team, site, expected, load_relaxed_sys(flag), now - start);
+        if (give_up != nullptr) {
+          atomicExch(give_up, 1u);
+        } else {
+          report_timeout(team, site, expected, load_relaxed_sys(flag), now - start);
+        }
         return false;
       }
-      if (load_relaxed_sys(&team.report->claimed) != 0u) return false;
+      if (load_relaxed_sys(&team.control_of(team.rank)->failed) != 0u) return false;
+      if (give_up != nullptr && load_relaxed_sys(give_up) != 0u) return false;
     }
   }
 }
