@@ -306,6 +306,29 @@ def ht_async_previous_event(ctx):
     assert ctx.ht.get_comm_stream() is not stream
 
 
+def ht_num_sms_and_configs(ctx):
+    """Buffer.set_num_sms and the Configs callers pass: the HT kernels run on other SM counts, same results."""
+    inputs = all_inputs(HT_TOKENS, 12)
+    x, topk, w = inputs[ctx.rank]
+    want_x, want_src, _, want_w, _ = ref_ht_dispatch(inputs, ctx.rank)
+    kept = deep_ep.Buffer.num_sms
+    try:
+        deep_ep.Buffer.set_num_sms(24)
+        for config in (deep_ep.Buffer.get_dispatch_config(R), deep_ep.Config(8)):
+            assert config.num_sms in (24, 8)
+            recv_x, _, recv_w, _, handle, _ = ctx.ht.dispatch(
+                x, topk_idx=topk, topk_weights=w, num_tokens_per_expert=torch.empty(EXPERTS), config=config
+            )
+            equal(recv_x, want_x, f"recv_x ({config.num_sms} SMs)")
+            equal(recv_w, want_w, f"recv_topk_weights ({config.num_sms} SMs)")
+            equal(handle.recv_src_idx, want_src, f"recv_src_idx ({config.num_sms} SMs)")
+            y = (recv_x.float() * rank_scale(ctx.rank)).bfloat16()
+            combined, _, _ = ctx.ht.combine(y, handle, config=deep_ep.Config(config.num_sms))
+            close(combined, ref_ht_combine(inputs, ctx.rank, rank_scale), f"combined_x ({config.num_sms} SMs)")
+    finally:
+        deep_ep.Buffer.set_num_sms(kept)
+
+
 # ---- LL scenarios (epx.deep_ep) --------------------------------------------------------------------------
 def check_ll_dispatch(inputs, rank, recv_x, recv_count, handle, fp8_scales=None):
     want_x, want_src, want_ranges, want_counts = ref_ll_dispatch(inputs, rank)
@@ -496,6 +519,7 @@ SCENARIOS = {
         ht_dispatch_fp8_column_major_scales,
         ht_worst_case_and_cached,
         ht_async_previous_event,
+        ht_num_sms_and_configs,
         ll_dispatch_bf16_combine,
         ll_dispatch_fp8,
         ll_hooks_and_async,
