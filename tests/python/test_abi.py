@@ -98,3 +98,16 @@ def test_calls_on_no_object_are_refused():
         )
     with pytest.raises(epx.EpxInvalidArgument, match="team is a null pointer"):
         _abi.out_int("epx_team_rank", None)
+    for name, args in (
+        ("epx_ll_set_rank_masked", (1, 1, None)),
+        ("epx_ll_query_rank_mask", (None, None)),
+        ("epx_ll_clear_rank_mask", (None,)),
+    ):
+        with pytest.raises(epx.EpxInvalidArgument, match="buffer is a null pointer"):
+            _abi.call(name, None, *args)
+
+
+def test_the_library_says_what_it_was_built_with():
+    lib = _abi.lib()
+    assert lib.epx_nccl_version_compiled() // 100 == 228  # NCCL 2.28.x, whose device API epx uses
+    assert "90" in lib.epx_cuda_architectures().decode()
