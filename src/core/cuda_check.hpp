@@ -4,8 +4,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <mutex>
+#include <set>
 #include <source_location>
 #include <string>
+#include <utility>
 
 #include "core/rank_context.hpp"
 
@@ -31,6 +34,22 @@ inline void load_kernel(const void* kernel, const char* name,
                         std::source_location where = std::source_location::current()) {
   cudaFuncAttributes attributes{};
   check_cuda(cudaFuncGetAttributes(&attributes, kernel), name, where);
+}
+
+// Lets `kernel` use `bytes` of dynamic shared memory on the current device: set once per process and
+// device, when the first buffer is made. Setting a kernel's attribute again while launches of it are
+// queued may wait for them, and on a single-GPU team those may be another rank's launches, queued
+// behind a kernel that waits for this rank.
+inline void allow_dynamic_shared_memory(const void* kernel, int bytes, const char* name,
+                                        std::source_location where = std::source_location::current()) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> done;  // (kernel, device)
+  int device = -1;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice", where);
+  const std::lock_guard lock(mutex);
+  if (done.count({kernel, device}) != 0) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), name, where);
+  done.insert({kernel, device});
 }
 
 }  // namespace epx::detail

@@ -127,9 +127,8 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
 static_assert(std::size_t(kStages) * 2 * kMaxHidden <= kStageBudget, "a BF16 row of kMaxHidden must fit the stages");
 
 void prepare_kernels() {
-  detail::check_cuda(
-      cudaFuncSetAttribute(dispatch_send_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStageBudget)),
-      "cudaFuncSetAttribute(dispatch_send_kernel)");
+  detail::allow_dynamic_shared_memory(reinterpret_cast<const void*>(dispatch_send_kernel), int(kStageBudget),
+                                      "cudaFuncSetAttribute(dispatch_send_kernel)");
   load_layout_kernel();
   load_notify_kernel();
   load_combine_kernel();

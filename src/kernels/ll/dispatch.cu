@@ -428,9 +428,8 @@ constexpr std::size_t kMaxSendShared =
     (std::size_t(core::kLlMaxTokens) * core::kLlMaxTopk * sizeof(int16_t)) + core::kLlMaxExperts * sizeof(int32_t);
 
 void load_dispatch_kernel() {
-  detail::check_cuda(
-      cudaFuncSetAttribute(dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSendShared)),
-      "cudaFuncSetAttribute(LL dispatch kernel)");
+  detail::allow_dynamic_shared_memory(reinterpret_cast<const void*>(dispatch_kernel), int(kMaxSendShared),
+                                      "cudaFuncSetAttribute(LL dispatch kernel)");
   detail::load_kernel(reinterpret_cast<const void*>(dispatch_kernel), "LL dispatch kernel");
 }
 
