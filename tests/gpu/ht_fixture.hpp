@@ -81,6 +81,18 @@ inline void copy_host_to_device(void* device, const void* host, std::size_t byte
   EXPECT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
 }
 
+template <typename T>
+void copy_to_device(void* device, const std::vector<T>& host) {
+  if (host.empty()) return;
+  copy_host_to_device(device, host.data(), host.size() * sizeof(T));
+}
+
+template <typename T>
+void copy_from_device(std::vector<T>& host, const void* device) {
+  if (host.empty()) return;
+  ASSERT_EQ(cudaMemcpy(host.data(), device, host.size() * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
 // Device copies of a host matrix, freed with the object.
 struct DeviceArray {
   void* data = nullptr;
@@ -165,19 +177,39 @@ inline void check_dispatch(const HtCase& c, int rank, const HtDispatchResult& go
 }
 
 // One rank's dispatch inputs on the device, and the arguments that name them.
+// One rank's dispatch inputs on the device, sized for `max_tokens` tokens. write_inputs puts a case's
+// rows at their front and points `args` at them; the arrays keep their addresses, as a captured graph
+// and a loop of calls without allocations (single-GPU teams, see docs/CONTRIBUTING.md) need.
 struct RankInputs {
   std::unique_ptr<DeviceArray> x, scales, topk, weights;
   HtDispatchArgs args;
 };
 
-inline RankInputs upload_inputs(const HtCase& c, const ref::HtTokens& in) {
+inline RankInputs allocate_inputs(int max_tokens, int H, int K) {
+  const std::size_t T = std::size_t(max_tokens);
   RankInputs r;
-  r.x = c.fp8 ? upload(in.x_fp8.data) : upload(in.x_bf16.data);
-  r.scales = upload(in.x_scales.data);
-  const std::vector<int32_t> topk32(in.topk_idx.data.begin(), in.topk_idx.data.end());
-  r.topk = c.int32_idx ? upload(topk32) : upload(in.topk_idx.data);
-  r.weights = upload(in.topk_weights.data);
+  r.x = std::make_unique<DeviceArray>(T * H * 2);  // BF16, or FP8 in the first half
+  r.scales = std::make_unique<DeviceArray>(T * (H / 128) * 4);
+  r.topk = std::make_unique<DeviceArray>(T * K * 8);  // int64, or int32 in the first half
+  r.weights = std::make_unique<DeviceArray>(T * K * 4);
+  return r;
+}
+
+inline void write_inputs(const HtCase& c, const ref::HtTokens& in, RankInputs& r) {
+  if (c.fp8) {
+    copy_to_device(r.x->data, in.x_fp8.data);
+  } else {
+    copy_to_device(r.x->data, in.x_bf16.data);
+  }
+  copy_to_device(r.scales->data, in.x_scales.data);
+  if (c.int32_idx) {
+    copy_to_device(r.topk->data, std::vector<int32_t>(in.topk_idx.data.begin(), in.topk_idx.data.end()));
+  } else {
+    copy_to_device(r.topk->data, in.topk_idx.data);
+  }
+  copy_to_device(r.weights->data, in.topk_weights.data);
   HtDispatchArgs& a = r.args;
+  a = HtDispatchArgs{};
   a.x = TensorRef::matrix(r.x->data, c.fp8 ? ScalarType::fp8_e4m3 : ScalarType::bf16, c.T, c.H);
   if (c.fp8) {
     a.x_scales =
@@ -186,6 +218,11 @@ inline RankInputs upload_inputs(const HtCase& c, const ref::HtTokens& in) {
   a.topk_idx = TensorRef::matrix(r.topk->data, c.int32_idx ? ScalarType::int32 : ScalarType::int64, c.T, c.K);
   a.topk_weights = TensorRef::matrix(r.weights->data, ScalarType::float32, c.T, c.K);
   a.expert_alignment = c.alignment;
+}
+
+inline RankInputs upload_inputs(const HtCase& c, const ref::HtTokens& in) {
+  RankInputs r = allocate_inputs(c.T, c.H, c.K);
+  write_inputs(c, in, r);
   return r;
 }
 

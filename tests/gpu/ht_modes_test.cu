@@ -76,13 +76,10 @@ void graph_rounds(const std::vector<Expected>& expected, Team& team, cudaStream_
 
   for (const Expected& x : expected) {
     const ref::HtTokens& t = x.tokens[rank];
-    const auto copy = [](void* dst, const auto& v) { copy_host_to_device(dst, v.data(), v.size() * sizeof(v[0])); };
-    copy(in.x->data, t.x_bf16.data);
-    copy(in.topk->data, t.topk_idx.data);
-    copy(in.weights->data, t.topk_weights.data);
-    copy(y.data, x.y[rank].y.data);
-    copy(yw.data, x.y[rank].topk_weights.data);
-    copy(bias.data, x.bias[rank].data);
+    write_inputs(kCase, t, in);  // the same addresses the graph captured
+    copy_to_device(y.data, x.y[rank].y.data);
+    copy_to_device(yw.data, x.y[rank].topk_weights.data);
+    copy_to_device(bias.data, x.bias[rank].data);
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     team.check_device_errors();

@@ -158,18 +158,6 @@ inline const char* order_name(LlCombineOrder order) {
   return order == LlCombineOrder::local ? "combine out (local order)" : "combine out (naive order)";
 }
 
-template <typename T>
-void copy_to_device(void* device, const std::vector<T>& host) {
-  if (host.empty()) return;
-  copy_host_to_device(device, host.data(), host.size() * sizeof(T));
-}
-
-template <typename T>
-void copy_from_device(std::vector<T>& host, const void* device) {
-  if (host.empty()) return;
-  ASSERT_EQ(cudaMemcpy(host.data(), device, host.size() * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-}
-
 // One rank's inputs on the device. The arrays keep their addresses when new inputs are written into
 // them (write_ll_inputs), as a captured graph needs.
 struct LlRankInputs {

@@ -162,40 +162,15 @@ class IterationSource {
   std::map<int, Slot> slots_;
 };
 
-// One rank's HT arrays, sized for T_max tokens; each iteration writes its rows at the front.
-struct HtArrays {
-  DeviceArray x, scales, topk, weights, y, y_weights, bias;
-  explicit HtArrays(int R)
-      : x(std::size_t(kTokensMax) * kHidden * 2),
-        scales(std::size_t(kTokensMax) * (kHidden / 128) * 4),
-        topk(std::size_t(kTokensMax) * kTopk * 8),
-        weights(std::size_t(kTokensMax) * kTopk * 4),
-        y(std::size_t(R) * kTokensMax * kHidden * 2),
+// One rank's HT combine inputs, sized for every rank's T_max tokens; each iteration writes its rows at
+// the front (the dispatch inputs are the fixture's RankInputs).
+struct HtCombineArrays {
+  DeviceArray y, y_weights, bias;
+  explicit HtCombineArrays(int R)
+      : y(std::size_t(R) * kTokensMax * kHidden * 2),
         y_weights(std::size_t(R) * kTokensMax * kTopk * 4),
         bias(std::size_t(kTokensMax) * kHidden * 2) {}
 };
-
-// Writes one rank's tokens of `c` into the arrays; the returned arguments name those rows.
-HtDispatchArgs write_ht_inputs(const HtCase& c, const ref::HtTokens& t, const HtArrays& a) {
-  if (c.fp8) {
-    copy_to_device(a.x.data, t.x_fp8.data);
-    copy_to_device(a.scales.data, t.x_scales.data);
-  } else {
-    copy_to_device(a.x.data, t.x_bf16.data);
-  }
-  if (c.int32_idx) {
-    copy_to_device(a.topk.data, std::vector<int32_t>(t.topk_idx.data.begin(), t.topk_idx.data.end()));
-  } else {
-    copy_to_device(a.topk.data, t.topk_idx.data);
-  }
-  copy_to_device(a.weights.data, t.topk_weights.data);
-  HtDispatchArgs args;
-  args.x = TensorRef::matrix(a.x.data, c.fp8 ? ScalarType::fp8_e4m3 : ScalarType::bf16, c.T, c.H);
-  if (c.fp8) args.x_scales = TensorRef::matrix(a.scales.data, ScalarType::float32, c.T, c.H / 128);
-  args.topk_idx = TensorRef::matrix(a.topk.data, c.int32_idx ? ScalarType::int32 : ScalarType::int64, c.T, c.K);
-  args.topk_weights = TensorRef::matrix(a.weights.data, ScalarType::float32, c.T, c.K);
-  return args;
-}
 
 // One rank's buffers and arrays, made once: no iteration calls cudaMalloc or cudaFree (cudaFree waits
 // for the whole GPU, where a single-GPU team's other ranks may be running kernels that wait for this
@@ -203,14 +178,16 @@ HtDispatchArgs write_ht_inputs(const HtCase& c, const ref::HtTokens& t, const Ht
 struct Rig {
   HtBuffer ht;
   LlBuffer ll;
-  HtArrays ht_arrays;
+  RankInputs ht_in;  // sized for T_max; write_inputs rewrites them
+  HtCombineArrays ht_combine_in;
   LlRankInputs ll_in;             // sized by a T_max iteration; write_ll_inputs rewrites them
   std::vector<LlOutputs> ll_out;  // one set per LL payload, sized for T_max
 
   explicit Rig(Team& team)
       : ht(team, HtBufferOptions{kTokensMax, kHidden, kTopk, kExperts}),
         ll(team, LlBufferOptions{kTokensMax, kHidden, kTopk, kExperts}),
-        ht_arrays(team.size()) {
+        ht_in(allocate_inputs(kTokensMax, kHidden, kTopk)),
+        ht_combine_in(team.size()) {
     const LlCase widest = stress_ll_case(0, kTokensMax, kTopk, Routing::uniform, 0.0, 0, false, "arrays");
     const LlExpected x = make_ll_inputs(widest, team.size(), kSeed);
     ll_in = upload_ll_inputs(widest, x, team.rank());
@@ -228,13 +205,14 @@ void ht_exchange(const Iteration& it, Rig& rig, int rank, cudaStream_t stream) {
   const Expected& x = it.ht_expected;
   const ref::HtRecv& want = x.dispatch.recv[rank];
   const int64_t N = want.num_recv_tokens;
-  const HtArrays& a = rig.ht_arrays;
-  const HtDispatchResult got = rig.ht.dispatch(write_ht_inputs(c, x.tokens[rank], a), HtStreams{stream});
+  write_inputs(c, x.tokens[rank], rig.ht_in);
+  const HtDispatchResult got = rig.ht.dispatch(rig.ht_in.args, HtStreams{stream});
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   ASSERT_EQ(got.num_recv_tokens, N) << "rank " << rank;
   EXPECT_EQ(got.num_recv_tokens_per_expert_host, want.num_recv_tokens_per_expert) << "rank " << rank;
   check_dispatch(c, rank, got, want, N);
 
+  const HtCombineArrays& a = rig.ht_combine_in;
   copy_to_device(a.y.data, x.y[rank].y.data);
   copy_to_device(a.y_weights.data, x.y[rank].topk_weights.data);
   copy_to_device(a.bias.data, x.bias[rank].data);
