@@ -13,12 +13,10 @@ if(EPX_PYTHON_PACKAGE)
   file(CONFIGURE OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/python/_build_info.py" CONTENT [[
 # Written by CMake (cmake/EpxPython.cmake) when this copy of epx was built.
 version = "@PROJECT_VERSION@"
-nccl_version = "@EPX_NCCL_VERSION@"
 nccl_version_code = @_epx_nccl_code@  # what ncclGetVersion returns for that version
 nccl_library_dir = "@EPX_NCCL_LIBRARY_DIR@"
 cuda_version = "@CUDAToolkit_VERSION@"
 cuda_library_dir = "@CUDAToolkit_LIBRARY_DIR@"
-cuda_architectures = "@CMAKE_CUDA_ARCHITECTURES@"
 ]] @ONLY)
   # One file under its plain name (a wheel cannot hold the SONAME symlinks); ctypes loads it by path.
   # It is the build-tree file, so it is linked with its final run path: the build's NCCL and CUDA
