@@ -33,6 +33,7 @@ inline void PrintTo(const HtCase& c, std::ostream* os) { *os << c.name; }
 // The whole team's inputs and the reference's outputs, built once per process.
 struct Expected {
   int R = 0;
+  int E = 0;  // the case's E, or R for kExpertsEqualRanks
   std::vector<ref::HtTokens> tokens;
   ref::HtDispatchResult dispatch;
   std::vector<ref::HtCombineInput> y;
@@ -43,12 +44,13 @@ struct Expected {
 inline Expected build_expected(const HtCase& c, int R, uint32_t seed) {
   Expected x;
   x.R = R;
-  const ref::ExpertPlacement placement(c.E, R);
+  x.E = c.E == kExpertsEqualRanks ? R : c.E;
+  const ref::ExpertPlacement placement(x.E, R);
   for (int r = 0; r < R; ++r) {
     std::mt19937 rng = rank_rng(seed, r, 0);
     ref::HtTokens in;
     in.dtype = c.fp8 ? ref::Dtype::fp8 : ref::Dtype::bf16;
-    in.topk_idx = make_topk_idx(rng, c.T, c.K, c.E, c.routing, c.p_empty);
+    in.topk_idx = make_topk_idx(rng, c.T, c.K, x.E, c.routing, c.p_empty);
     in.topk_weights = make_floats(rng, c.T, c.K, 0.0f, 1.0f);
     if (c.fp8) {
       in.x_fp8 = ref::Matrix<uint8_t>(c.T, c.H);

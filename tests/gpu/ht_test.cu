@@ -27,7 +27,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   RankInputs inputs = upload_inputs(c, in);
   const HtDispatchArgs& args = inputs.args;
 
-  HtBuffer buffer(team, HtBufferOptions{std::max(c.T, 1), c.H, c.K, c.E});
+  HtBuffer buffer(team, HtBufferOptions{std::max(c.T, 1), c.H, c.K, x.E});
   const HtStreams on{stream};
 
   // 1. Exact form.
@@ -109,7 +109,7 @@ std::vector<HtCase> cases() {
       {0, 4096, 7168, 8, 256, Rt::uniform, 0.1, false, false, false, 1, "World_DeepSeekShape_Bf16"},
       {0, 4096, 7168, 8, 256, Rt::uniform, 0.1, true, true, true, 1, "World_DeepSeekShape_Fp8ColumnMajorScales_Int32"},
       {0, 0, 2048, 6, 64, Rt::uniform, 0.1, false, false, false, 1, "World_NoTokens"},
-      {0, 1, 2048, 1, 2, Rt::uniform, 0.0, false, false, false, 1, "World_OneToken_ExpertsEqualRanks"},
+      {0, 1, 2048, 1, kExpertsEqualRanks, Rt::uniform, 0.0, false, false, false, 1, "World_OneToken_ExpertsEqualRanks"},
       {0, 100, 2048, 8, 64, Rt::zipf, 0.1, false, false, false, 4, "World_Zipf_Aligned4"},
       {0, 100, 7168, 6, 256, Rt::one_hot, 0.1, true, false, false, 1, "World_OneHotExpert_Fp8"},
   };
@@ -117,7 +117,8 @@ std::vector<HtCase> cases() {
     const std::string n = "SingleGpu" + std::to_string(R) + "_";
     v.push_back({R, 100, 2048, 8, 64, Rt::uniform, 0.1, false, false, false, 1, n + "Uniform"});
     v.push_back({R, 0, 2048, 6, 64, Rt::uniform, 0.1, false, false, false, 1, n + "NoTokens"});
-    v.push_back({R, 1, 2048, 1, R, Rt::uniform, 0.0, false, true, false, 1, n + "OneToken_ExpertsEqualRanks"});
+    v.push_back(
+        {R, 1, 2048, 1, kExpertsEqualRanks, Rt::uniform, 0.0, false, true, false, 1, n + "OneToken_ExpertsEqualRanks"});
     v.push_back({R, 512, 2048, 6, 256, Rt::zipf, 0.1, true, true, true, 8, n + "Zipf_Fp8_Int32"});
     v.push_back({R, 200, 2048, 8, 8 * R, Rt::one_hot, 0.0, false, false, false, 1, n + "OneHotExpert"});
   }

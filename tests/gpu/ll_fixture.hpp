@@ -31,8 +31,6 @@ namespace epx::test {
 
 enum class LlPayload { bf16, fp8, fp8_round_scale, fp8_ue8m0 };
 
-inline constexpr int kExpertsEqualRanks = 0;  // LlCase::E: one expert per rank, whatever the team size
-
 struct LlCase {
   int single_gpu_ranks;  // 0: one process per GPU (the world team)
   int T, T_max, H, K, E;

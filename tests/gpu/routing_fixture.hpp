@@ -15,6 +15,9 @@
 
 namespace epx::test {
 
+// A case's expert count meaning "one expert per rank, whatever the team size".
+inline constexpr int kExpertsEqualRanks = 0;
+
 enum class Routing { uniform, zipf, one_hot };
 
 inline const char* to_string(Routing r) {
