@@ -41,7 +41,13 @@ struct HtBuffer::Impl {
   kh::HostMailbox* mailbox = nullptr;  // host-mapped
   kh::HostMailbox* mailbox_device = nullptr;
   uint32_t next_ticket = 0;
-  uint32_t* blocks_done = nullptr;       // [2]: dispatch_send, combine_push
+  // Private words of the kernels, zero at creation (see dispatch_send.cu and combine.cu).
+  struct Counters {
+    uint32_t dispatch_blocks_done;
+    uint32_t combine_blocks_done;
+    uint64_t counts_ready;
+  };
+  Counters* counters = nullptr;
   uint16_t* combine_out = nullptr;       // [T_max][H]
   float* combine_out_weights = nullptr;  // [T_max][K_max]
   std::size_t private_bytes = 0;
@@ -61,7 +67,7 @@ struct HtBuffer::Impl {
 HtBuffer::Impl::~Impl() {
   // Handles the caller still holds keep the pool (and their blocks) alive; this buffer's part ends here.
   if (mailbox != nullptr) cudaFreeHost(mailbox);
-  cudaFree(blocks_done);
+  cudaFree(counters);
   cudaFree(combine_out);
   cudaFree(combine_out_weights);
 }
@@ -192,17 +198,17 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   impl_->mailbox->failed_rank = -1;
   check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->mailbox_device), mailbox, 0),
              "cudaHostGetDevicePointer");
-  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->blocks_done), 2 * sizeof(uint32_t)), "cudaMalloc");
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->counters), sizeof(Impl::Counters)), "cudaMalloc(HT counters)");
   // On the buffer's stream, waited for below (the handle pool's): a plain cudaMemset runs on the legacy
   // stream, which kernels on non-blocking streams do not wait for.
-  check_cuda(cudaMemsetAsync(impl_->blocks_done, 0, 2 * sizeof(uint32_t), impl_->calls.comm_stream()),
+  check_cuda(cudaMemsetAsync(impl_->counters, 0, sizeof(Impl::Counters), impl_->calls.comm_stream()),
              "cudaMemsetAsync(HT CTA counters)");
   const std::size_t out_bytes = std::size_t(options.max_tokens_per_rank) * options.hidden * 2;
   const std::size_t out_weight_bytes = std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float);
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out), out_bytes), "cudaMalloc(HT combine output)");
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out_weights), out_weight_bytes),
              "cudaMalloc(HT combine weights)");
-  impl_->private_bytes = out_bytes + out_weight_bytes + 2 * sizeof(uint32_t);
+  impl_->private_bytes = out_bytes + out_weight_bytes + sizeof(Impl::Counters);
   impl_->handles = std::make_shared<HtHandlePool>(R, options.max_tokens_per_rank, options.num_experts,
                                                   options.handle_blocks, impl_->calls.comm_stream());
   impl_->view = impl_->make_view();
@@ -339,17 +345,6 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   }
   const kh::BufferView& view = im.view;
   const uint32_t ticket = ++im.next_ticket;
-  kh::NotifyArgs notify{view,
-                        handle->view(),
-                        im.mailbox_device,
-                        ticket,
-                        args.expert_alignment,
-                        args.num_worst_tokens,
-                        int32_t(T),
-                        int32_t(K),
-                        args.topk_idx.type == ScalarType::int64,
-                        handle != fresh.get()};
-  kh::launch_notify(notify, stream);
   kh::TokensView tokens{};
   tokens.x = static_cast<const uint8_t*>(args.x.data);
   tokens.x_row_bytes_stride = args.x.row_stride * element_size(args.x.type);
@@ -365,7 +360,11 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   tokens.weights_row_stride = args.topk_weights.row_stride;
   tokens.num_tokens = int32_t(T);
   tokens.topk = int32_t(K);
-  kh::launch_dispatch_send(kh::SendArgs{view, handle->view(), tokens, im.blocks_done}, im.config.num_sms, stream);
+  const kh::CountExchangeArgs counts{im.mailbox_device, ticket, args.expert_alignment, args.num_worst_tokens,
+                                     handle != fresh.get()};
+  kh::launch_dispatch(kh::DispatchArgs{view, handle->view(), tokens, counts, &im.counters->dispatch_blocks_done,
+                                       &im.counters->counts_ready},
+                      im.config.num_sms, stream);
   handle->mark_use(stream);
 
   HtDispatchResult result;
@@ -447,7 +446,7 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   c.num_tokens = handle.num_tokens;
   c.topk = handle.topk;
   c.hidden = int32_t(H);
-  c.blocks_done = im.blocks_done + 1;
+  c.blocks_done = &im.counters->combine_blocks_done;
   kh::launch_combine(c, im.config.num_sms, stream);
   handle.mark_use(stream);
 

@@ -53,7 +53,7 @@ HtHandlePool::Block* HtHandlePool::allocate(cudaStream_t stream) {
   block->bytes = lay_out(num_ranks_, max_tokens_, num_experts_, nullptr, nullptr);
   check_cuda(cudaMalloc(&block->memory, block->bytes), "cudaMalloc(HT handle block)");
   // Zeroed once: every array is rewritten by each dispatch before it is read, except input_error,
-  // which notify clears after reading it.
+  // which the count exchange clears after reading it.
   check_cuda(cudaMemsetAsync(block->memory, 0, block->bytes, stream), "cudaMemsetAsync(HT handle block)");
   check_cuda(cudaEventCreateWithFlags(&block->last_use, cudaEventDisableTiming), "cudaEventCreate");
   lay_out(num_ranks_, max_tokens_, num_experts_, static_cast<char*>(block->memory), &block->view);

@@ -1,6 +1,6 @@
 // Where everything of an HtBuffer lives in its symmetric allocation (the same offsets on every rank).
 //
-//   control   notify counts and flags (see src/kernels/ht/protocol.hpp for who writes what)
+//   control   notify counts and flags (see src/kernels/ht/count_exchange.cuh for who writes what)
 //   dispatch  the receive area: R * T_max rows of x, scales, src_idx, topk_idx, topk_weights
 //   combine   combine's input: one row of y (and weights) per received row, which the home ranks read
 //

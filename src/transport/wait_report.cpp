@@ -15,6 +15,8 @@ const char* phase_name(WaitPhase phase) {
       return "transport test signal";
     case WaitPhase::ht_notify:
       return "HT dispatch count exchange";
+    case WaitPhase::ht_counts:
+      return "HT dispatch waiting for its own count exchange";
     case WaitPhase::ht_dispatch_done:
       return "HT dispatch rows";
     case WaitPhase::ht_combine_ready:

@@ -1,4 +1,5 @@
-// HT dispatch, step 2: every row goes straight to its final place in each receiver's receive area.
+// HT dispatch: one kernel. CTA 0 first runs the count exchange (count_exchange.cuh); then every CTA
+// sends its rows straight to their final place in each receiver's receive area.
 //
 // Work split: warp w of the grid takes tokens w, w + warps, ... . Its lane 0 drives the bulk copy
 // engine through kStages shared-memory row buffers: it loads token i + 1's row while token i's row is
@@ -8,13 +9,20 @@
 // elsewhere), weights (0 where -1) and, for FP8, the row's scales.
 //
 // Protocol:
-//   * Before this kernel, notify made sure every destination is in this dispatch (so its receive area
-//     is free) and computed the rows.
+//   * Every CTA's thread 0 reads seq = sequence[kDispatchNotify] + 1 at the start; nothing writes the
+//     sequence until the last CTA (below), which runs after every CTA has read it.
+//   * CTA 0 runs the count exchange. It makes sure every destination is in this dispatch (so its
+//     receive area is free) and writes the offsets and the status into the handle. Then __syncthreads,
+//     and its thread 0 stores counts_ready = seq (a private word; release).
+//   * Meanwhile the other CTAs issue their first row loads (which need no counts); then their thread 0
+//     waits (acquire) until counts_ready >= seq before any thread reads the handle's offsets.
+//   * Worst-case form: once the counts are known, all CTAs together mark the padding rows
+//     [N, num_worst) as "no token" (src_idx -1, topk_idx -1, weights 0; x is left as it is).
 //   * Each warp's lane 0 waits until its bulk stores are performed (bulk_wait_all), then each CTA:
 //     __syncthreads; thread 0: system fence, one add to `blocks_done` (a private counter). The CTA that
-//     brings it to gridDim.x is the last: it resets the counter and, after another system fence, adds
-//     1 to flag[kDispatchDone][me] on every rank d (release). The fences chain every CTA's stores
-//     before those releases.
+//     brings it to gridDim.x is the last: it resets the counter, stores sequence = seq and, after another
+//     system fence, adds 1 to flag[kDispatchDone][me] on every rank d (release). The fences chain every
+//     CTA's stores before those releases.
 //   * The last CTA then waits (acquire) until its own flag[kDispatchDone][s] >= seq for every source s:
 //     when the kernel ends, every row of this dispatch has arrived here.
 #include <algorithm>
@@ -22,6 +30,7 @@
 #include "core/cuda_check.hpp"
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/ht/copy.cuh"
+#include "kernels/ht/count_exchange.cuh"
 #include "kernels/ht/launch.hpp"
 #include "kernels/ht/protocol.cuh"
 #include "transport/device/wait.cuh"
@@ -34,7 +43,26 @@ constexpr int kMaxWarps = 16;                     // per CTA; fewer when rows ar
 constexpr std::size_t kStageBudget = 200 * 1024;  // shared memory for row buffers per CTA
 constexpr int kMaxRanks = kMaxNvlinkRanks;
 
-__global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArgs a) {
+// Worst-case form: padding rows [num_recv, num_worst) say "no token", spread over the whole grid.
+__device__ void fill_padding_rows(const BufferView& b, int32_t num_recv, int64_t num_worst, int topk, bool topk_int64) {
+  const int me = b.team.rank;
+  int32_t* src_idx = b.at<int32_t>(me, b.recv_src_idx);
+  float* weights = b.at<float>(me, b.recv_topk_weights);
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = num_recv + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < num_worst; i += stride) {
+    src_idx[i] = -1;
+    for (int k = 0; k < topk; ++k) {
+      if (topk_int64) {
+        b.at<int64_t>(me, b.recv_topk_idx)[i * topk + k] = -1;
+      } else {
+        b.at<int32_t>(me, b.recv_topk_idx)[i * topk + k] = -1;
+      }
+      weights[i * topk + k] = 0.0f;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs a) {
   const BufferView& b = a.buffer;
   const TokensView& in = a.tokens;
   const int R = b.team.nranks, me = b.team.rank, E_local = b.experts_per_rank();
@@ -44,12 +72,13 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
   extern __shared__ __align__(128) uint8_t stage_memory[];  // [warps][kStages][row_bytes]
   __shared__ uint64_t loaded[kMaxWarps][kStages];           // mbarriers: a stage's row has arrived
   __shared__ int32_t rows_of[kMaxWarps][kMaxRanks];
+  __shared__ uint64_t seq;
+  __shared__ bool counted;  // this dispatch's offsets and status are in the handle
+  __shared__ bool go;       // ... and the status says send
   uint8_t* stages = stage_memory + std::size_t(warp) * kStages * row_bytes;
   int32_t* rows = rows_of[warp];
-  // One thread reads the (host-mapped) status and the failure flag for the whole CTA: thousands of
-  // threads each reading host memory at once cost tens of microseconds (measured: +34 us BF16).
-  __shared__ bool go;
-  if (threadIdx.x == 0) go = *a.handle.status == 0 && !team_failed(b.team);
+  uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kDispatchNotify;
+  if (threadIdx.x == 0) seq = *sequence + 1;
   if (lane == 0) {
     for (int s = 0; s < kStages; ++s) mbarrier_init(&loaded[warp][s], 1);
   }
@@ -58,10 +87,33 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
   const int first = blockIdx.x * warps + warp, stride = gridDim.x * warps;
   const int count = first < in.num_tokens ? (in.num_tokens - first + stride - 1) / stride : 0;
   const auto row_of = [&](int i) { return in.x + int64_t(first + i * stride) * in.x_row_bytes_stride; };
-  bool ok = go;
-  if (ok && lane == 0 && count > 0) {
+  if (lane == 0 && count > 0) {  // the first row needs no counts: its load overlaps the exchange
     mbarrier_expect_bytes(&loaded[warp][0], row_bytes);
     bulk_load(stages, row_of(0), row_bytes, &loaded[warp][0]);
+  }
+  if (blockIdx.x == 0) {
+    exchange_counts(a, seq);
+    __syncthreads();
+    if (threadIdx.x == 0) transport::store_release_sys(a.counts_ready, seq);
+  }
+  // One thread reads the status and the failure flag for the whole CTA: thousands of threads each
+  // reading the failure word at once cost tens of microseconds (measured: +34 us BF16).
+  if (threadIdx.x == 0) {
+    counted =
+        (blockIdx.x == 0 || transport::wait_at_least(b.team, a.counts_ready, seq,
+                                                     transport::WaitSite{transport::WaitPhase::ht_counts, me, 0})) &&
+        *a.handle.status != kStatusTeamFailed;
+    go = counted && *a.handle.status == 0 && !team_failed(b.team);
+  }
+  __syncthreads();
+  if (counted && a.counts.num_worst_tokens > 0) {
+    fill_padding_rows(b, a.handle.recv_begin[R], a.counts.num_worst_tokens, in.topk, in.topk_int64);
+  }
+
+  bool ok = go;
+  if (!ok && lane == 0 && count > 0) {  // no sending: the first load must still land before the CTA exits
+    mbarrier_wait(b.team, &loaded[warp][0], 0,
+                  transport::WaitSite{transport::WaitPhase::ht_bulk_load, me, uint32_t(first)});
   }
   for (int i = 0; ok && i < count; ++i) {
     const int t = first + i * stride, s = i % kStages;
@@ -115,10 +167,9 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
   }
   if (lane == 0) bulk_wait_all();
 
-  const uint64_t seq = *(b.at<uint64_t>(me, b.sequence) + core::kDispatchNotify);
   // A team that failed (a wait of this rank expired) signals nothing: its rows may be incomplete, and
   // the peers then time out themselves instead of taking them as a finished dispatch.
-  if (!last_cta_signals(b, core::kDispatchDone, a.blocks_done, [] {})) return;
+  if (!last_cta_signals(b, core::kDispatchDone, a.blocks_done, [&] { *sequence = seq; })) return;
   wait_for_every_rank(b, core::kDispatchDone, seq, transport::WaitPhase::ht_dispatch_done);
 }
 
@@ -127,18 +178,17 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_send_kernel(SendArg
 static_assert(std::size_t(kStages) * 2 * kMaxHidden <= kStageBudget, "a BF16 row of kMaxHidden must fit the stages");
 
 void prepare_kernels() {
-  detail::allow_dynamic_shared_memory(reinterpret_cast<const void*>(dispatch_send_kernel), int(kStageBudget),
-                                      "cudaFuncSetAttribute(dispatch_send_kernel)");
+  detail::allow_dynamic_shared_memory(reinterpret_cast<const void*>(dispatch_kernel), int(kStageBudget),
+                                      "cudaFuncSetAttribute(HT dispatch_kernel)");
   load_layout_kernel();
-  load_notify_kernel();
   load_combine_kernel();
 }
 
-void launch_dispatch_send(const SendArgs& args, int num_blocks, cudaStream_t stream) {
+void launch_dispatch(const DispatchArgs& args, int num_blocks, cudaStream_t stream) {
   const std::size_t per_warp = std::size_t(kStages) * args.tokens.x_row_bytes;
   const int warps = int(std::max<std::size_t>(1, std::min<std::size_t>(kMaxWarps, kStageBudget / per_warp)));
-  dispatch_send_kernel<<<num_blocks, warps * kWarp, warps * per_warp, stream>>>(args);
-  detail::check_launch("ht dispatch_send_kernel");
+  dispatch_kernel<<<num_blocks, warps * kWarp, warps * per_warp, stream>>>(args);
+  detail::check_launch("HT dispatch_kernel");
 }
 
 }  // namespace epx::kernels::ht

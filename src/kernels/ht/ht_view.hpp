@@ -56,7 +56,7 @@ struct HandleView {
 };
 
 // What the kernels tell the host (host-mapped, one per buffer).
-//   * Per call: the host passes a new `ticket` to the notify kernel, which writes num_recv and
+//   * Per call: the host passes a new `ticket` to the dispatch kernel, whose count exchange writes num_recv and
 //     expert_counts, a system fence, then ready = ticket. An exact-form call waits for its ticket (a
 //     replayed graph of an older call writes an older ticket, never this one).
 //   * Sticky: a failed input or a worst-case overflow is recorded by a kernel and stays until the host

@@ -21,10 +21,9 @@ struct LayoutOutputs {
 // (see detail::load_kernel); call it before any rank can have an HT kernel in flight.
 void prepare_kernels();
 void load_layout_kernel();
-void load_notify_kernel();
 void load_combine_kernel();
 
-// The largest hidden size: a BF16 row must fit dispatch_send's shared-memory stages.
+// The largest hidden size: a BF16 row must fit the dispatch kernel's shared-memory stages.
 constexpr int kMaxHidden = 16384;
 
 // Counts tokens per rank and per expert, and each token's position among the tokens for each rank.
@@ -34,29 +33,26 @@ constexpr int kMaxLayoutExperts = 8192;  // the histogram lives in shared memory
 void launch_layout(const void* topk_idx, bool topk_int64, int64_t topk_row_stride, int num_tokens, int topk,
                    int num_ranks, int num_experts, const LayoutOutputs& out, cudaStream_t stream);
 
-struct NotifyArgs {
-  BufferView buffer;
-  HandleView handle;
+// What the count exchange needs beyond the buffer, the handle and the tokens.
+struct CountExchangeArgs {
   HostMailbox* mailbox;  // N, expert counts and sticky errors for the host
-  uint32_t ticket;       // written to mailbox->ready when done
+  uint32_t ticket;       // written to mailbox->ready once N is known
   int32_t expert_alignment;
-  int64_t num_worst_tokens;  // > 0: fill padding rows [N, num_worst_tokens)
-  int32_t num_tokens;        // T (the layout kernel's CTAs: ceil(T / kLayoutTokensPerCta))
-  int32_t topk;
-  bool topk_int64;
-  bool cached;  // only the handshake: counts come from the handle
+  int64_t num_worst_tokens;  // > 0: mark padding rows [N, num_worst_tokens) as "no token"
+  bool cached;               // only the handshake: counts come from the handle
 };
-// Count exchange (or, cached, the handshake) of one dispatch; one CTA.
-void launch_notify(const NotifyArgs& args, cudaStream_t stream);
 
-struct SendArgs {
+struct DispatchArgs {
   BufferView buffer;
   HandleView handle;
   TokensView tokens;
-  uint32_t* blocks_done;  // private counter of finished CTAs (zero between calls)
+  CountExchangeArgs counts;
+  uint32_t* blocks_done;   // private counter of finished CTAs (zero between calls)
+  uint64_t* counts_ready;  // private: the last dispatch number whose counts CTA 0 has exchanged
 };
-// Writes every row into its receivers' final place, then signals; waits for every source's rows.
-void launch_dispatch_send(const SendArgs& args, int num_blocks, cudaStream_t stream);
+// One dispatch: CTA 0 exchanges the counts (or, cached, the handshake), then every CTA writes its rows
+// into their receivers' final place and signals; the last CTA waits for every source's rows.
+void launch_dispatch(const DispatchArgs& args, int num_blocks, cudaStream_t stream);
 
 struct CombineArgs {
   BufferView buffer;

@@ -7,7 +7,7 @@
 //  * Histogram CTA h counts, for its kThreads tokens, the tokens naming each expert (a token naming an
 //    expert twice counts once) in shared memory, then writes them as its row of expert_partials, or
 //    adds them to expert_token_counts, which the caller has zeroed. It also checks the ids: one outside [-1, E) is
-//    recorded in `error` (first one wins) and ignored; the notify kernel turns it into a failed call on every rank.
+//    recorded in `error` (first one wins) and ignored; the count exchange turns it into a failed call on every rank.
 #include <cub/block/block_scan.cuh>
 
 #include "core/cuda_check.hpp"

@@ -24,6 +24,7 @@ enum class WaitPhase : uint32_t {
   barrier,           // team barrier: waiting for a peer's arrival
   test_signal,       // transport test: waiting for a peer's put-with-signal
   ht_notify,         // HT dispatch: waiting for a source's counts
+  ht_counts,         // HT dispatch: a sending CTA waiting for its own rank's count exchange (CTA 0)
   ht_dispatch_done,  // HT dispatch: waiting for a source's rows
   ht_combine_ready,  // HT combine: waiting for a home rank to free its landing area
   ht_combine_done,   // HT combine: waiting for an expert side's rows
