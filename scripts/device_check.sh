@@ -53,6 +53,17 @@ start=$(date +%s)
 tests_rc=${PIPESTATUS[0]}
 tests_s=$(( $(date +%s) - start ))
 
+echo "== single-GPU teams on one hardware queue"
+# Every stream of the process shares one hardware queue: a call that left a kernel queued behind a
+# kernel waiting for peers would block the other ranks' launches (the HT single-GPU timeouts of 2026-11).
+start=$(date +%s)
+CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 150 "$build/tests/epx_gpu_tests" --gtest_repeat=2 \
+  --gtest_filter='Cases/HtExchange.*SingleGpu*:Cases/LlExchange.*SingleGpu*' >"$out/one-queue.log" 2>&1
+one_queue_rc=$?
+one_queue_s=$(( $(date +%s) - start ))
+one_queue="exit $one_queue_rc; $(grep -c '^\[       OK' "$out/one-queue.log") passed on rank 0, $(grep -c 'timed out' "$out/one-queue.log") timeouts on all ranks (2 repeats); ${one_queue_s}s"
+echo "$one_queue"
+
 echo "== dead-peer test"
 start=$(date +%s)
 timeout 300 "$build/tests/epx_dead_peer_test" >"$out/dead-peer.log" 2>&1
@@ -95,9 +106,10 @@ failed=$(grep -oE '^\[  FAILED  \] [0-9]+' "$out/gpu-tests.log" | grep -oE '[0-9
 echo
 echo "== summary ($(date -u +%Y-%m-%d), commit $commit, ${kind:-unnamed device})"
 printf '%-28s %s\n' "GPU tests (rank 0)" "passed ${passed:-0}, failed ${failed:-0}, skipped ${skipped:-0}; exit $tests_rc; ${tests_s}s"
+printf '%-28s %s\n' "one hardware queue" "$one_queue"
 printf '%-28s %s\n' "dead-peer test" "exit $dead_peer_rc (0 passed, 77 skipped); ${dead_peer_s}s"
 printf '%-28s %s\n' "Python tests" "$python_summary"
 printf '%-28s %s\n' "bench" "exit $bench_rc; $out/bench.json"
 sed 's/^/sanitizer                    /' "$out/sanitizers.txt"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "${python_rc:-0}" -eq 0 ] &&
+[ "$tests_rc" -eq 0 ] && [ "$one_queue_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "${python_rc:-0}" -eq 0 ] &&
   { [ "$dead_peer_rc" -eq 0 ] || [ "$dead_peer_rc" -eq 77 ]; }
