@@ -95,7 +95,7 @@ small+=':Cases/LlExchange.MatchesReference/SingleGpu2_Zipf_Ue8m0_ColumnMajorScal
 small+=':LlMask.*'
 : >"$out/sanitizers.txt"
 [ "$sanitizers" -eq 1 ] && for tool in memcheck racecheck; do
-  timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --target-processes all \
+  EPX_TEST_TIMEOUT_SCALE=10 timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --target-processes all \
     "$build/tests/epx_gpu_tests" --gtest_filter="$small" >"$out/$tool.log" 2>&1
   echo "$tool: exit $?; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | sort | uniq -c | tr -s ' ' | paste -sd ';')"
 done | tee "$out/sanitizers.txt"

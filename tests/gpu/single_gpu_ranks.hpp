@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <exception>
 #include <stdexcept>
 #include <thread>
@@ -19,9 +20,17 @@
 
 namespace epx::test {
 
+// EPX_TEST_TIMEOUT_SCALE (a positive integer, default 1) multiplies the wait timeout of single-GPU
+// teams: under compute-sanitizer the ranks' kernels, sharing one GPU, run many times slower.
+inline TeamOptions scaled_for_tools(TeamOptions options) {
+  const char* scale = std::getenv("EPX_TEST_TIMEOUT_SCALE");
+  if (scale != nullptr && std::atoi(scale) > 1) options.wait_timeout *= std::atoi(scale);
+  return options;
+}
+
 template <typename Body>
 void on_single_gpu_team(int nranks, const TeamOptions& options, Body body) {
-  auto teams = Team::create_single_gpu(nranks, options);
+  auto teams = Team::create_single_gpu(nranks, scaled_for_tools(options));
   std::vector<std::thread> threads;
   for (auto& team : teams) {
     threads.emplace_back([&team, &body] {
