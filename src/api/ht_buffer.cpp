@@ -42,7 +42,7 @@ struct HtBuffer::Impl {
   kh::HostMailbox* mailbox = nullptr;  // host-mapped
   kh::HostMailbox* mailbox_device = nullptr;
   uint32_t next_ticket = 0;
-  // Private words of the kernels, zero at creation (see dispatch_send.cu and combine.cu).
+  // Private words of the kernels, zero at creation (see dispatch.cu and combine.cu).
   struct Counters {
     uint32_t dispatch_blocks_done;
     uint32_t combine_blocks_done;

@@ -1,5 +1,5 @@
 // HT dispatch, part 1: the count exchange ("notify"), run by CTA 0 of the dispatch kernel
-// (dispatch_send.cu) while the other CTAs load their first rows and wait for its result.
+// (dispatch.cu) while the other CTAs load their first rows and wait for its result.
 //
 // Protocol (flags of core::HtFlag, in the receiving rank's control area; `seq` is this rank's dispatch
 // number, sequence[kDispatchNotify] + 1, which the dispatch kernel's last CTA stores back at its end, so
