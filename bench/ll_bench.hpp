@@ -32,7 +32,6 @@ struct LlBenchRow : TeamTiming {
   std::string dtype;     // dispatch: bf16 or fp8 (the payload on the wire); combine: bf16
   std::string order;     // combine's summation order (local or naive); empty for dispatch alone
   int sms = 0;           // LlConfig::num_sms
-  double target_us = 0;  // the target on nvidia-h200-x2 (EP=2); 0: none
   bool checked = false;  // every rank's outputs equalled the CPU reference
 };
 

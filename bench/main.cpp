@@ -16,6 +16,7 @@
 #include "bench/json_writer.hpp"
 #include "bench/limits.hpp"
 #include "bench/ll_bench.hpp"
+#include "bench/targets.hpp"
 #include "epx/version.hpp"
 #include "launcher/launcher.hpp"
 
@@ -53,7 +54,9 @@ void usage() {
       "  (--ll-tokens, default %d; also the buffer's T_max), each one call captured in a CUDA graph and\n"
       "  replayed %d times; --ll-sms: LlConfig::num_sms (default the library's). --ll-tune: then times\n"
       "  dispatch FP8 and combine (local) per num_sms (16..132, up to the SM count), each setting checked\n"
-      "  again, and adds ll_tuning and ll_best_sms to FILE.\n",
+      "  again, and adds ll_tuning and ll_best_sms to FILE.\n"
+      "  Targets: the issues' (EP=2 and EP=8, default shapes only; bench/targets.hpp), printed and written\n"
+      "  next to each result with whether it was met; a miss is reported, never an error.\n",
       Args{}.json_path.c_str(), ht.hidden, ht.topk, ht.experts, ht.tokens, ht.tune_repetitions, ll.tokens, ll.replays);
 }
 
@@ -156,11 +159,34 @@ void write_timing(JsonWriter& j, const Row& row) {
       .field("checked", row.checked);
 }
 
+// Whether a run used the default shape of its mode (the targets are set for those shapes only).
+bool default_shape(const HtBenchResult& r) {
+  const HtBenchOptions d;
+  return r.tokens == d.tokens && r.hidden == d.hidden && r.topk == d.topk && r.experts == d.experts;
+}
+bool default_shape(const LlBenchResult& r) {
+  const LlBenchOptions d;
+  return r.tokens == d.tokens && r.hidden == d.hidden && r.topk == d.topk && r.experts == d.experts;
+}
+
+// "target_us" and "target_algo_gbps" (null where there is none) and, where there is a target, "target_met".
+void write_target(JsonWriter& j, const Target& t, const TeamTiming& row) {
+  j.field("target_us", t.max_us > 0 ? t.max_us : std::nan(""))
+      .field("target_algo_gbps", t.min_algo_gbps > 0 ? t.min_algo_gbps : std::nan(""));
+  if (t.any()) j.field("target_met", t.met(row.time_us, row.algo_gbps));
+}
+
+// The table's target column: the target and whether this run met it.
+std::string target_cell(const Target& t, const TeamTiming& row) {
+  return t.any() ? t.text() + (t.met(row.time_us, row.algo_gbps) ? " met" : " missed") : "-";
+}
+
 void write_ht_rows(JsonWriter& j, const HtBenchResult& ht) {
   for (const HtBenchRow& row : ht.rows) {
     j.begin_object().field("mode", "ht").field("op", row.op).field("dtype", row.dtype);
     write_shape(j, ht);
     j.field("time_us", row.time_us);
+    write_target(j, ht_target(ht.ranks, default_shape(ht), row.op, row.dtype), row);
     write_timing(j, row);
     j.field("repetitions", ht.repetitions)
         .field("buffer_bytes", static_cast<long long>(ht.buffer_bytes))
@@ -196,8 +222,8 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
     j.begin_object().field("mode", "ll").field("op", row.op).field("dtype", row.dtype);
     if (!row.order.empty()) j.field("order", row.order);
     write_shape(j, ll);
-    j.field("time_us", row.time_us)
-        .field("target_us", row.target_us > 0 ? row.target_us : std::nan(""));  // null: no target
+    j.field("time_us", row.time_us);
+    write_target(j, ll_target(ll.ranks, default_shape(ll), row.op, row.dtype, row.order), row);
     write_timing(j, row);
     j.field("replays", ll.replays)
         .field("buffer_bytes", static_cast<long long>(ll.buffer_bytes))
@@ -258,14 +284,6 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
   }
 }
 
-// The targets on nvidia-h200-x2 (EP=2), printed as a reference column only; 0: none.
-double ht_target_us(const HtBenchRow& row) {
-  if (row.op == "layout") return 15;
-  if (row.op == "dispatch") return row.dtype == "fp8" ? 105 : 190;
-  if (row.op == "combine" || row.op == "combine_zero_copy") return 190;
-  return 0;
-}
-
 std::string number_or_dash(double value, const char* format) {
   if (value <= 0) return "-";
   char text[32];
@@ -277,13 +295,13 @@ void print_ht_table(const HtBenchResult& ht) {
   std::printf("\nHT, %d rank(s): %d tokens per rank, hidden %d, top-%d of %d experts, buffer %.1f MiB per rank\n",
               ht.ranks, ht.tokens, ht.hidden, ht.topk, ht.experts, double(ht.buffer_bytes) / (1 << 20));
   std::printf("time: the slowest rank's median of %d repetitions; GB/s per rank and direction\n", ht.repetitions);
-  std::printf("%-16s %-6s %9s %12s %10s %5s %8s %20s\n", "op", "dtype", "time us", "NVLink GB/s", "algo GB/s", "SMs",
-              "checked", "target us (h200-x2)");
+  std::printf("%-16s %-6s %9s %12s %10s %5s %8s  %s\n", "op", "dtype", "time us", "NVLink GB/s", "algo GB/s", "SMs",
+              "checked", "target");
   for (const HtBenchRow& row : ht.rows) {
-    std::printf("%-16s %-6s %9.1f %12s %10s %5s %8s %20s\n", row.op.c_str(), row.dtype.c_str(), row.time_us,
+    const Target target = ht_target(ht.ranks, default_shape(ht), row.op, row.dtype);
+    std::printf("%-16s %-6s %9.1f %12s %10s %5s %8s  %s\n", row.op.c_str(), row.dtype.c_str(), row.time_us,
                 number_or_dash(row.nvlink_gbps, "%.1f").c_str(), number_or_dash(row.algo_gbps, "%.1f").c_str(),
-                number_or_dash(row.sms, "%.0f").c_str(), row.checked ? "yes" : "NO",
-                number_or_dash(ht_target_us(row), "%.0f").c_str());
+                number_or_dash(row.sms, "%.0f").c_str(), row.checked ? "yes" : "NO", target_cell(target, row).c_str());
   }
 }
 
@@ -313,14 +331,15 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
       l.empty_graph_kernel_us);
   std::printf("time: the slowest rank's median of %d graph replays (one call each); GB/s per rank and direction\n",
               ll.replays);
-  std::printf("%-16s %-6s %-6s %9s %10s %7s %12s %10s %8s\n", "op", "dtype", "order", "time us", "target us", "x flag",
-              "NVLink GB/s", "algo GB/s", "checked");
+  std::printf("%-16s %-6s %-6s %9s %7s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag", "NVLink GB/s",
+              "algo GB/s", "checked", "target");
   for (const LlBenchRow& row : ll.rows) {
-    std::printf("%-16s %-6s %-6s %9.2f %10s %7s %12s %10s %8s\n", row.op.c_str(), row.dtype.c_str(),
-                row.order.empty() ? "-" : row.order.c_str(), row.time_us, number_or_dash(row.target_us, "%.0f").c_str(),
+    const Target target = ll_target(ll.ranks, default_shape(ll), row.op, row.dtype, row.order);
+    std::printf("%-16s %-6s %-6s %9.2f %7s %12s %10s %8s  %s\n", row.op.c_str(), row.dtype.c_str(),
+                row.order.empty() ? "-" : row.order.c_str(), row.time_us,
                 number_or_dash(l.flag_latency_us > 0 ? row.time_us / l.flag_latency_us : 0, "%.1f").c_str(),
                 number_or_dash(row.nvlink_gbps, "%.1f").c_str(), number_or_dash(row.algo_gbps, "%.1f").c_str(),
-                row.checked ? "yes" : "NO");
+                row.checked ? "yes" : "NO", target_cell(target, row).c_str());
   }
 }
 
