@@ -101,10 +101,8 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   if (threadIdx.x == 0) {
     // CTA 0's waits on peers are bounded by the team's timeout and name the peer; this wait gets twice
     // that, so it reports only when CTA 0 itself never finished (a failed team ends it sooner).
-    transport::TeamView patient = b.team;
-    patient.timeout_ns *= 2;
     const transport::WaitSite site{transport::WaitPhase::ht_counts, me, 0};
-    counted = (blockIdx.x == 0 || transport::wait_at_least(patient, a.counts_ready, seq, site)) &&
+    counted = (blockIdx.x == 0 || transport::wait_at_least(b.team, a.counts_ready, seq, site, nullptr, 2)) &&
               *a.handle.status != kStatusTeamFailed;
     go = counted && *a.handle.status == 0 && !team_failed(b.team);
   }
