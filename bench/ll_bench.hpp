@@ -54,9 +54,6 @@ struct LlBenchResult {
   int best_sms = 0;              // with tune: the setting of the smallest dispatch_us + combine_us
 };
 
-// The LL communication memory the issue allows per rank at the default shape (<= 64 MB).
-inline constexpr std::size_t kLlBufferTargetBytes = std::size_t(64) << 20;
-
 // Collective over the team (one process per GPU); every rank returns the same gathered result. Throws
 // (after every rank has printed what differed) when any rank's outputs differ from the reference.
 LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options);

@@ -160,14 +160,13 @@ void write_timing(JsonWriter& j, const Row& row) {
 }
 
 // Whether a run used the default shape of its mode (the targets are set for those shapes only).
-bool default_shape(const HtBenchResult& r) {
-  const HtBenchOptions d;
+template <typename Options, typename Result>
+bool default_shape(const Result& r) {
+  const Options d;
   return r.tokens == d.tokens && r.hidden == d.hidden && r.topk == d.topk && r.experts == d.experts;
 }
-bool default_shape(const LlBenchResult& r) {
-  const LlBenchOptions d;
-  return r.tokens == d.tokens && r.hidden == d.hidden && r.topk == d.topk && r.experts == d.experts;
-}
+bool default_shape(const HtBenchResult& r) { return default_shape<HtBenchOptions>(r); }
+bool default_shape(const LlBenchResult& r) { return default_shape<LlBenchOptions>(r); }
 
 // "target_us" and "target_algo_gbps" (null where there is none) and, where there is a target, "target_met".
 void write_target(JsonWriter& j, const Target& t, const TeamTiming& row) {

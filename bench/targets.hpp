@@ -3,9 +3,10 @@
 // its measurements; nothing fails on a miss (targets live in the bench, never in a test).
 //   EP=2: the HT issue (each with <= 16 SMs) and the LL issue, as times.
 //   EP=8: the EP=4/8 issue: HT dispatch BF16 as algorithm bandwidth (DeepEP's convention), LL as times.
-//   Other team sizes, or other shapes: none.
+//   Other team sizes, or other shapes: none. And the LL buffer size the LL issue allows.
 #pragma once
 
+#include <cstddef>
 #include <cstdio>
 #include <string>
 
@@ -37,6 +38,9 @@ inline Target ht_target(int ranks, bool default_shape, const std::string& op, co
   if (ranks == 8 && op == "dispatch" && dtype == "bf16") return {0, 340};
   return {};
 }
+
+// The LL communication memory the LL issue allows per rank at the default shape (<= 64 MB).
+inline constexpr std::size_t kLlBufferTargetBytes = std::size_t(64) << 20;
 
 inline Target ll_target(int ranks, bool default_shape, const std::string& op, const std::string& dtype,
                         const std::string& order) {
