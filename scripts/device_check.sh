@@ -86,7 +86,9 @@ dead_peer() {
   local start=$(date +%s)
   timeout 300 "$build/tests/epx_dead_peer_test" >"$out/dead-peer.log" 2>&1
   rc_dead_peer=$?
-  line_dead_peer="exit $rc_dead_peer (0 passed, 77 skipped); $(( $(date +%s) - start ))s"
+  local verdict
+  verdict=$(grep -E '^dead-peer test: ' "$out/dead-peer.log" | tail -1)
+  line_dead_peer="exit $rc_dead_peer (0: passed, 77: skipped); ${verdict:-no verdict line}; $(( $(date +%s) - start ))s"
   [ "$rc_dead_peer" -eq 77 ] && rc_dead_peer=0
   tail -5 "$out/dead-peer.log"
 }
@@ -114,15 +116,21 @@ bench() {
   line_bench="exit $rc_bench; bench.json"
 }
 
-# Small shapes. Single-GPU teams get ten times the wait timeout: under the tools their ranks' kernels,
-# sharing one GPU, run many times slower. Reported, not part of the exit status (a sanitizer's exit
-# status also counts test failures under its slowdown).
+# Small shapes, every kernel: HT on single-GPU teams and the world team, LL and its rank masking on the
+# world team, the layout kernel, the timeout paths. Single-GPU teams get ten times the wait timeout:
+# under the tools their ranks' kernels, sharing one GPU, run many times slower. LL on single-GPU teams
+# is left out: its ranks take every SM of the GPU between them, and under the tools a rank's kernel
+# was seen to start only after another rank's wait for it had expired (2026-11-22: LlMask cases on one
+# GPU timed out under both tools; they pass without them). Reported, not part of the exit status (a
+# sanitizer's exit status also counts test failures under its slowdown).
 sanitizers_run() {
   echo "== compute-sanitizer (small shapes)"
   local small='Cases/HtExchange.MatchesReference/SingleGpu2_Uniform:Cases/HtExchange.MatchesReference/SingleGpu4_Zipf_Fp8_Int32'
   small+=':Cases/HtExchange.MatchesReference/World_Zipf_Aligned4:TransportTimeout.*:HtTimeout.*'
-  small+=':Cases/LlExchange.MatchesReference/SingleGpu2_Zipf_Ue8m0_ColumnMajorScales_Int32'
-  small+=':Cases/LlExchange.MatchesReference/World_SmallerThanBuffer_Ue8m0:LlErrors.*:LlMask.*'
+  small+=':Cases/HtLayoutTest.MatchesReference/OneTokenIntoTheSecondTile:Cases/HtLayoutTest.MatchesReference/NineSlots_Int32'
+  small+=':Cases/LlExchange.MatchesReference/World_SmallerThanBuffer_Ue8m0'
+  small+=':Cases/LlExchange.MatchesReference/World_RepeatedExperts_Fp8RoundScale_ColumnMajorScales'
+  small+=':LlErrors.*:LlTimeout.*:LlMask.WorldRanksMaskEachOtherThenRejoin'
   for tool in memcheck racecheck; do
     EPX_TEST_TIMEOUT_SCALE=10 timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --target-processes all \
       "$build/tests/epx_gpu_tests" --gtest_filter="$small" >"$out/$tool.log" 2>&1

@@ -49,6 +49,8 @@ struct HtBuffer::Impl {
     uint64_t counts_ready;
   };
   Counters* counters = nullptr;
+  void* layout_memory = nullptr;  // kh::layout_scratch_bytes, zero at creation
+  kh::LayoutScratch layout_scratch{};
   uint16_t* combine_out = nullptr;       // [T_max][H]
   float* combine_out_weights = nullptr;  // [T_max][K_max]
   std::size_t private_bytes = 0;
@@ -62,6 +64,7 @@ struct HtBuffer::Impl {
   kh::BufferView view{};  // what the kernels see of this buffer: fixed once the buffer exists
   void report_recorded_errors();
   void wait_for_ticket(uint32_t ticket, cudaStream_t stream);
+  kh::LayoutArgs layout_args(const TensorRef& topk_idx, const kh::LayoutOutputs& outputs) const;
   void validate_config(const HtConfig& c) const;
 };
 
@@ -69,6 +72,7 @@ HtBuffer::Impl::~Impl() {
   // Handles the caller still holds keep the pool (and their blocks) alive; this buffer's part ends here.
   if (mailbox != nullptr) cudaFreeHost(mailbox);
   cudaFree(counters);
+  cudaFree(layout_memory);
   cudaFree(combine_out);
   cudaFree(combine_out_weights);
 }
@@ -90,6 +94,20 @@ kh::BufferView HtBuffer::Impl::make_view() const {
   v.combine_input_weights = areas.combine_input_weights;
   v.num_experts = options.num_experts;
   return v;
+}
+
+kh::LayoutArgs HtBuffer::Impl::layout_args(const TensorRef& topk_idx, const kh::LayoutOutputs& outputs) const {
+  kh::LayoutArgs a{};
+  a.topk_idx = topk_idx.data;
+  a.topk_int64 = topk_idx.type == ScalarType::int64;
+  a.topk_row_stride = topk_idx.row_stride;
+  a.num_tokens = int32_t(topk_idx.rows);
+  a.topk = int32_t(topk_idx.cols);
+  a.num_ranks = team.size();
+  a.num_experts = options.num_experts;
+  a.out = outputs;
+  a.scratch = layout_scratch;
+  return a;
 }
 
 void HtBuffer::Impl::validate_config(const HtConfig& c) const {
@@ -204,12 +222,17 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   // stream, which kernels on non-blocking streams do not wait for.
   check_cuda(cudaMemsetAsync(impl_->counters, 0, sizeof(Impl::Counters), impl_->calls.comm_stream()),
              "cudaMemsetAsync(HT CTA counters)");
+  const std::size_t layout_bytes = kh::layout_scratch_bytes(options.max_tokens_per_rank, R, options.num_experts);
+  check_cuda(cudaMalloc(&impl_->layout_memory, layout_bytes), "cudaMalloc(HT layout scratch)");
+  check_cuda(cudaMemsetAsync(impl_->layout_memory, 0, layout_bytes, impl_->calls.comm_stream()),
+             "cudaMemsetAsync(HT layout scratch)");
+  impl_->layout_scratch = kh::layout_scratch(impl_->layout_memory, options.max_tokens_per_rank, R, team.impl().view());
   const std::size_t out_bytes = std::size_t(options.max_tokens_per_rank) * options.hidden * 2;
   const std::size_t out_weight_bytes = std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float);
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out), out_bytes), "cudaMalloc(HT combine output)");
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out_weights), out_weight_bytes),
              "cudaMalloc(HT combine weights)");
-  impl_->private_bytes = out_bytes + out_weight_bytes + sizeof(Impl::Counters);
+  impl_->private_bytes = out_bytes + out_weight_bytes + sizeof(Impl::Counters) + layout_bytes;
   impl_->handles = std::make_shared<HtHandlePool>(R, options.max_tokens_per_rank, options.num_experts,
                                                   options.handle_blocks, impl_->calls.comm_stream());
   impl_->view = impl_->make_view();
@@ -255,7 +278,8 @@ std::size_t HtBuffer::required_bytes(const HtBufferOptions& options, int num_ran
           "HtBuffer::required_bytes: options a buffer cannot be made with (" + std::to_string(num_ranks) + " ranks, " +
               std::to_string(options.num_experts) + " experts, hidden " + std::to_string(options.hidden) + ")");
   return core::ht_areas(options, num_ranks).total + std::size_t(options.max_tokens_per_rank) * options.hidden * 2 +
-         std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float);
+         std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float) +
+         kh::layout_scratch_bytes(options.max_tokens_per_rank, num_ranks, options.num_experts);
 }
 
 void HtBuffer::check_errors() {
@@ -272,6 +296,9 @@ cudaEvent_t HtBuffer::get_layout(const TensorRef& topk_idx, const HtLayout& out,
   require(topk_idx.rows <= im.options.max_tokens_per_rank, "topk_idx has " + std::to_string(topk_idx.rows) +
                                                                " tokens, more than the buffer's max_tokens_per_rank (" +
                                                                std::to_string(im.options.max_tokens_per_rank) + ")");
+  require(topk_idx.cols >= 1 && topk_idx.cols <= im.options.max_topk, "topk_idx has " + std::to_string(topk_idx.cols) +
+                                                                          " columns; the buffer allows 1 to " +
+                                                                          std::to_string(im.options.max_topk));
   require(out.num_tokens_per_rank != nullptr && out.num_tokens_per_expert != nullptr,
           "get_layout: num_tokens_per_rank and num_tokens_per_expert are required outputs");
   require(topk_idx.rows == 0 || out.is_token_in_rank != nullptr, "get_layout: is_token_in_rank is a required output");
@@ -281,10 +308,7 @@ cudaEvent_t HtBuffer::get_layout(const TensorRef& topk_idx, const HtLayout& out,
   outputs.expert_token_counts = out.num_tokens_per_expert;
   outputs.is_token_in_rank = out.is_token_in_rank;
   outputs.error = &im.mailbox_device->layout_input;
-  check_cuda(cudaMemsetAsync(out.num_tokens_per_expert, 0, sizeof(int32_t) * im.options.num_experts, stream),
-             "cudaMemsetAsync(num_tokens_per_expert)");
-  kh::launch_layout(topk_idx.data, topk_idx.type == ScalarType::int64, topk_idx.row_stride, int(topk_idx.rows),
-                    int(topk_idx.cols), im.team.size(), im.options.num_experts, outputs, stream);
+  kh::launch_layout(im.layout_args(topk_idx, outputs), stream);
   return im.calls.end(streams, stream);
 }
 
@@ -341,8 +365,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
     outputs.rank_counts = handle->view().rank_counts;
     outputs.expert_partials = handle->view().expert_partials;
     outputs.error = handle->view().input_error;
-    kh::launch_layout(args.topk_idx.data, args.topk_idx.type == ScalarType::int64, args.topk_idx.row_stride, int(T),
-                      int(K), R, im.options.num_experts, outputs, stream);
+    kh::launch_layout(im.layout_args(args.topk_idx, outputs), stream);
   }
   const kh::BufferView& view = im.view;
   const uint32_t ticket = ++im.next_ticket;

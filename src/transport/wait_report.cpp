@@ -13,6 +13,8 @@ const char* phase_name(WaitPhase phase) {
       return "team barrier";
     case WaitPhase::test_signal:
       return "transport test signal";
+    case WaitPhase::ht_layout:
+      return "HT layout: an earlier tile's counts";
     case WaitPhase::ht_notify:
       return "HT dispatch count exchange";
     case WaitPhase::ht_counts:

@@ -123,6 +123,8 @@ std::vector<HtCase> cases() {
     v.push_back({R, 200, 2048, 8, 8 * R, Rt::one_hot, 0.0, false, false, false, 1, n + "OneHotExpert"});
   }
   v.push_back({8, 64, 2048, 8, 8, Rt::uniform, 0.0, false, false, false, 1, "SingleGpu8_EveryTokenToEveryRank"});
+  // Send positions that carry over between the layout kernel's tiles of 1024 tokens; more than 8 slots.
+  v.push_back({2, 2500, 2048, 9, 64, Rt::zipf, 0.1, false, false, false, 1, "SingleGpu2_ThreeLayoutTiles_NineSlots"});
   return v;
 }
 

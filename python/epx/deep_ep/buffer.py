@@ -342,8 +342,14 @@ class Buffer:
             )
         self._last_num_experts = num_experts
         s = self._streams(previous_event, async_finish, allocate_on_comm_stream)
-        if self._ht is not None and self._ht.num_experts == num_experts:
-            layout = self._ht.get_layout(topk_idx, streams=s)
+        ht = self._ht
+        if (
+            ht is not None
+            and ht.num_experts == num_experts
+            and topk_idx.size(0) <= ht.max_tokens_per_rank
+            and 1 <= topk_idx.size(1) <= ht.max_topk
+        ):
+            layout = ht.get_layout(topk_idx, streams=s)
             return (
                 layout.num_tokens_per_rank,
                 None,
@@ -351,7 +357,8 @@ class Buffer:
                 layout.is_token_in_rank,
                 EventOverlap(layout.event),
             )
-        # No HT buffer yet (its hidden size is known only at the first dispatch): the same layout in torch.
+        # No HT buffer yet (its hidden size is known only at the first dispatch), or one made for other
+        # shapes: the same layout in torch.
         per_rank, per_expert, in_rank = self._torch_layout(s, topk_idx, num_experts)
         return per_rank, None, per_expert, in_rank, EventOverlap(s.finish((topk_idx, per_rank, per_expert, in_rank)))
 

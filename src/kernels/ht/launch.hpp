@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+
 #include "kernels/ht/ht_view.hpp"
 
 namespace epx::kernels::ht {
@@ -11,10 +13,36 @@ namespace epx::kernels::ht {
 struct LayoutOutputs {
   int32_t* send_pos = nullptr;             // [T][R] or null
   int32_t* rank_counts = nullptr;          // [R]
-  int32_t* expert_token_counts = nullptr;  // [E] totals, accumulated (zero on entry), or
-  int32_t* expert_partials = nullptr;      // [ceil(T / kLayoutTokensPerCta)][E], one row per CTA
+  int32_t* expert_token_counts = nullptr;  // [E] totals, or null (then only the partial rows are written)
+  int32_t* expert_partials = nullptr;      // [ceil(T / kLayoutTokensPerCta)][E], one row per tile, or null
+                                           // (then the scratch's rows are used)
   bool* is_token_in_rank = nullptr;        // [T][R] or null
   InputError* error = nullptr;             // first invalid expert id, or null
+};
+
+// The layout kernel's private words (zero when the buffer is made; see layout.cu for the protocol).
+struct LayoutState {
+  uint32_t tiles_taken;  // tiles handed out to the CTAs of the running call
+  uint32_t ctas_done;    // CTAs of the running call that have finished
+  uint64_t calls;        // calls finished; the running call's tile totals carry calls + 1
+};
+// The layout kernel's private memory, one per buffer (layout_scratch_bytes, zeroed).
+struct LayoutScratch {
+  transport::TeamView team;  // bounds the wait for earlier tiles' counts
+  LayoutState* state;
+  uint64_t* tile_totals;     // [tiles][R]
+  int32_t* expert_partials;  // [tiles][E], where the caller's outputs have none
+};
+std::size_t layout_scratch_bytes(int max_tokens, int num_ranks, int num_experts);
+LayoutScratch layout_scratch(void* memory, int max_tokens, int num_ranks, const transport::TeamView& team);
+
+struct LayoutArgs {
+  const void* topk_idx;
+  bool topk_int64;
+  int64_t topk_row_stride;
+  int32_t num_tokens, topk, num_ranks, num_experts;
+  LayoutOutputs out;
+  LayoutScratch scratch;
 };
 
 // Sets what the kernels need before their first launch (shared-memory limits) and loads every HT kernel
@@ -26,12 +54,13 @@ void load_combine_kernel();
 // The largest hidden size: a BF16 row must fit the dispatch kernel's shared-memory stages.
 constexpr int kMaxHidden = 16384;
 
-// Counts tokens per rank and per expert, and each token's position among the tokens for each rank.
-// Expert counts go either to expert_token_counts (zero on entry, accumulated with atomics) or, with
-// no zeroing needed, as per-CTA rows to expert_partials. num_experts <= kMaxLayoutExperts.
+// Counts tokens per rank and per expert, and each token's position among the tokens for each rank,
+// in one kernel. Expert counts go as one row per tile of kLayoutTokensPerCta tokens to expert_partials
+// (the scratch's when null) and, when expert_token_counts is given, summed there.
+// num_experts <= kMaxLayoutExperts, topk <= kMaxLayoutTopk, num_ranks <= kMaxNvlinkRanks.
 constexpr int kMaxLayoutExperts = 8192;  // the histogram lives in shared memory (32 KiB)
-void launch_layout(const void* topk_idx, bool topk_int64, int64_t topk_row_stride, int num_tokens, int topk,
-                   int num_ranks, int num_experts, const LayoutOutputs& out, cudaStream_t stream);
+constexpr int kMaxLayoutTopk = 32;
+void launch_layout(const LayoutArgs& args, cudaStream_t stream);
 
 // What the count exchange needs beyond the buffer, the handle and the tokens.
 struct CountExchangeArgs {

@@ -1,15 +1,27 @@
-// HT layout: from topk_idx, each token's ranks and experts.
+// HT layout: from topk_idx, each token's ranks and experts, in one pass over the tokens.
 //
-// Grid: R "rank" CTAs, then ceil(T / kThreads) "histogram" CTAs.
-//  * Rank CTA r walks the tokens in tiles of kThreads; a token goes to r if any of its experts lives
-//    there. A block-wide exclusive scan gives its position among the tokens for r (send_pos), the
-//    running total gives rank_counts[r].
-//  * Histogram CTA h counts, for its kThreads tokens, the tokens naming each expert (a token naming an
-//    expert twice counts once) in shared memory, then writes them as its row of expert_partials, or
-//    adds them to expert_token_counts, which the caller has zeroed. It also checks the ids: one outside [-1, E) is
-//    recorded in `error` (first one wins) and ignored; the count exchange turns it into a failed call on every rank.
-#include <cub/block/block_scan.cuh>
-
+// Grid: one CTA per tile of kThreads tokens (at least one CTA), one token per thread. Each thread loads
+// its token's K ids once, into registers. An id outside [-1, E) is recorded in `error` (first one wins)
+// and ignored; the count exchange turns it into a failed call on every rank.
+//  * Experts: the CTA counts in shared memory the tokens of its tile naming each expert (a token naming
+//    an expert twice counts once) and writes them as the tile's row of the partial counts.
+//  * Ranks: a token goes to rank r if any of its experts lives there. Warp ballots and a scan of the
+//    warps' counts give its position among the tile's tokens for r; the tokens of earlier tiles come
+//    first, so send_pos = (earlier tiles' counts for r) + (position within the tile).
+//
+// Protocol between the CTAs of one call (LayoutState and tile_totals: private to this rank's buffer,
+// zero at creation; a call's kernels run after the previous call's on the caller's stream):
+//  * Thread 0 takes the CTA's tile with atomicAdd(tiles_taken, 1), so tiles are handed out in the
+//    order the CTAs start: every earlier tile belongs to a CTA that is already running and publishes
+//    its counts before it waits for anything. No wait below can deadlock, whatever the grid's size.
+//  * Thread r (r < R) publishes its tile's count for rank r with one release store:
+//    tile_totals[tile][r] = (call << kCountBits) | count, where call = calls + 1 (read at the start).
+//  * The CTA's threads wait (bounded, acquire) until the words of the earlier tiles carry this call's
+//    number, and add their counts into the tile's base positions.
+//  * The CTA of the last tile writes rank_counts: its base plus its own counts.
+//  * The last CTA to finish (last_cta_done: every CTA's writes are visible to it) sums the partial rows
+//    into expert_token_counts when the caller asked for totals, then resets tiles_taken and stores
+//    calls = call. No CTA of this call reads either any more.
 #include "core/cuda_check.hpp"
 #include "kernels/ht/launch.hpp"
 #include "kernels/ht/protocol.cuh"
@@ -17,7 +29,11 @@
 namespace epx::kernels::ht {
 namespace {
 
-constexpr int kThreads = kLayoutTokensPerCta;  // one token per thread in the histogram CTAs
+constexpr int kThreads = kLayoutTokensPerCta;  // one token per thread
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kCountBits = 11;  // a tile's count for one rank, at most kThreads, sits below the call number
+static_assert(kThreads < (1 << kCountBits), "a tile's count must fit below the call number");
+constexpr uint64_t kCountMask = (uint64_t(1) << kCountBits) - 1;
 
 __device__ void record_error(InputError* error, int t, int k, int64_t value) {
   if (error == nullptr || atomicCAS(&error->found, 0, 1) != 0) return;
@@ -27,72 +43,151 @@ __device__ void record_error(InputError* error, int t, int k, int64_t value) {
   __threadfence_system();
 }
 
-__global__ void __launch_bounds__(kThreads)
-    layout_kernel(const void* topk, bool is_int64, int64_t row_stride, int num_tokens, int topk_n, int num_ranks,
-                  int num_experts, LayoutOutputs out) {
-  const int experts_per_rank = num_experts / num_ranks;
-  if (blockIdx.x < num_ranks) {
-    using Scan = cub::BlockScan<int, kThreads>;
-    __shared__ typename Scan::TempStorage scan_storage;
-    const int r = blockIdx.x;
-    const int64_t first = int64_t(r) * experts_per_rank, last = first + experts_per_rank;
-    int total = 0;
-    for (int tile = 0; tile < num_tokens; tile += kThreads) {
-      const int t = tile + threadIdx.x;
-      int in_rank = 0;
-      if (t < num_tokens) {
-        for (int k = 0; k < topk_n; ++k) {
-          const int64_t e = topk_at(topk, is_int64, row_stride, t, k);
-          in_rank |= e >= first && e < last;
-        }
-      }
-      int position, tile_total;
-      Scan(scan_storage).ExclusiveSum(in_rank, position, tile_total);
-      if (t < num_tokens) {
-        if (out.send_pos != nullptr) out.send_pos[t * num_ranks + r] = in_rank ? total + position : -1;
-        if (out.is_token_in_rank != nullptr) out.is_token_in_rank[t * num_ranks + r] = in_rank;
-      }
-      total += tile_total;
-      __syncthreads();  // scan_storage is reused by the next tile
-    }
-    if (threadIdx.x == 0) out.rank_counts[r] = total;
-    return;
+// Whether a token whose experts live on `ranks` (-1: no expert) goes to rank r.
+template <int kMaxTopk>
+__device__ bool goes_to(const int (&ranks)[kMaxTopk], int r) {
+  bool in = false;
+#pragma unroll
+  for (int k = 0; k < kMaxTopk; ++k) in |= ranks[k] == r;
+  return in;
+}
+
+// kMaxTopk: the ids a thread keeps in registers (at least the call's K).
+template <int kMaxTopk>
+__global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
+  __shared__ uint32_t tile_of_cta;
+  __shared__ uint64_t call_of_cta;
+  __shared__ int warp_offsets[kWarps][kMaxNvlinkRanks];  // per warp: its tokens for r, then their prefix
+  __shared__ int tile_counts[kMaxNvlinkRanks];
+  __shared__ int base[kMaxNvlinkRanks];   // tokens for r in earlier tiles
+  extern __shared__ int expert_counts[];  // [E]
+  const int R = a.num_ranks, E = a.num_experts, experts_per_rank = E / R;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  LayoutState* state = a.scratch.state;
+  if (threadIdx.x == 0) {
+    tile_of_cta = atomicAdd(&state->tiles_taken, 1u);
+    call_of_cta = transport::load_relaxed_sys(&state->calls) + 1;
   }
-  extern __shared__ int counts[];  // [num_experts]
-  for (int e = threadIdx.x; e < num_experts; e += kThreads) counts[e] = 0;
+  for (int e = threadIdx.x; e < E; e += kThreads) expert_counts[e] = 0;
+  for (int r = threadIdx.x; r < R; r += kThreads) base[r] = 0;
   __syncthreads();
-  const int t = (blockIdx.x - num_ranks) * kThreads + threadIdx.x;
-  if (t < num_tokens) {
-    for (int k = 0; k < topk_n; ++k) {
-      const int64_t e = topk_at(topk, is_int64, row_stride, t, k);
-      if (e < -1 || e >= num_experts) record_error(out.error, t, k, e);
-      if (e < 0 || e >= num_experts) continue;
-      bool repeated = false;
-      for (int j = 0; j < k; ++j) repeated |= topk_at(topk, is_int64, row_stride, t, j) == e;
-      if (!repeated) atomicAdd(&counts[e], 1);
+  const int tile = int(tile_of_cta);
+  const uint64_t call = call_of_cta;
+  const int t = tile * kThreads + threadIdx.x;
+  const bool real = t < a.num_tokens;
+
+  // Every load first, then the checks: the K loads of a thread are in flight together.
+  int64_t raw[kMaxTopk];
+#pragma unroll
+  for (int k = 0; k < kMaxTopk; ++k) {
+    raw[k] = real && k < a.topk ? topk_at(a.topk_idx, a.topk_int64, a.topk_row_stride, t, k) : -1;
+  }
+  int ids[kMaxTopk], ranks[kMaxTopk];
+#pragma unroll
+  for (int k = 0; k < kMaxTopk; ++k) {
+    if (raw[k] < -1 || raw[k] >= E) {
+      record_error(a.out.error, t, k, raw[k]);
+      raw[k] = -1;
     }
+    ids[k] = int(raw[k]);
+    ranks[k] = ids[k] < 0 ? -1 : ids[k] / experts_per_rank;
+    bool repeated = ids[k] < 0;
+#pragma unroll
+    for (int j = 0; j < k; ++j) repeated |= ids[j] == ids[k];
+    if (!repeated) atomicAdd(&expert_counts[ids[k]], 1);
+  }
+
+  for (int r = 0; r < R; ++r) {
+    const unsigned in = __ballot_sync(~0u, goes_to(ranks, r));
+    if (lane == 0) warp_offsets[warp][r] = __popc(in);
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < num_experts; e += kThreads) {
-    if (out.expert_partials != nullptr) {
-      out.expert_partials[int64_t(blockIdx.x - num_ranks) * num_experts + e] = counts[e];
-    } else if (counts[e] != 0) {
-      atomicAdd(&out.expert_token_counts[e], counts[e]);
+  uint64_t* tile_totals = a.scratch.tile_totals;
+  for (int r = threadIdx.x; r < R; r += kThreads) {
+    int sum = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      const int n = warp_offsets[w][r];
+      warp_offsets[w][r] = sum;
+      sum += n;
+    }
+    tile_counts[r] = sum;
+    transport::store_release_sys(&tile_totals[int64_t(tile) * R + r], (call << kCountBits) | uint64_t(sum));
+  }
+  bool ok = true;
+  for (int i = threadIdx.x; i < tile * R; i += kThreads) {
+    ok = ok && transport::wait_at_least(
+                   a.scratch.team, &tile_totals[i], call << kCountBits,
+                   transport::WaitSite{transport::WaitPhase::ht_layout, a.scratch.team.rank, uint32_t(i / R)});
+    if (ok) atomicAdd(&base[i % R], int(transport::load_relaxed_sys(&tile_totals[i]) & kCountMask));
+  }
+  ok = __syncthreads_and(ok);  // also orders the expert counts and the scan before what follows
+
+  if (ok) {  // else the team has failed: the call will fail, its outputs are not read
+    for (int r = 0; r < R; ++r) {
+      const bool in = goes_to(ranks, r);
+      const unsigned mask = __ballot_sync(~0u, in);
+      if (!real) continue;
+      const int position = base[r] + warp_offsets[warp][r] + __popc(mask & ((1u << lane) - 1u));
+      if (a.out.send_pos != nullptr) a.out.send_pos[int64_t(t) * R + r] = in ? position : -1;
+      if (a.out.is_token_in_rank != nullptr) a.out.is_token_in_rank[int64_t(t) * R + r] = in;
+    }
+    if (tile == int(gridDim.x) - 1) {
+      for (int r = threadIdx.x; r < R; r += kThreads) a.out.rank_counts[r] = base[r] + tile_counts[r];
+    }
+  }
+  int32_t* partials = a.out.expert_partials != nullptr ? a.out.expert_partials : a.scratch.expert_partials;
+  if (tile * kThreads < a.num_tokens) {
+    for (int e = threadIdx.x; e < E; e += kThreads) partials[int64_t(tile) * E + e] = expert_counts[e];
+  }
+
+  if (last_cta_done(&state->ctas_done)) {
+    if (a.out.expert_token_counts != nullptr) {
+      const int tiles = (a.num_tokens + kThreads - 1) / kThreads;
+      for (int e = threadIdx.x; e < E; e += kThreads) {
+        int32_t n = 0;
+        for (int h = 0; h < tiles; ++h) n += partials[int64_t(h) * E + e];
+        a.out.expert_token_counts[e] = n;
+      }
+    }
+    if (threadIdx.x == 0) {
+      state->tiles_taken = 0;
+      state->calls = call;
     }
   }
 }
 
 }  // namespace
 
-void launch_layout(const void* topk_idx, bool topk_int64, int64_t topk_row_stride, int num_tokens, int topk,
-                   int num_ranks, int num_experts, const LayoutOutputs& out, cudaStream_t stream) {
-  const int blocks = num_ranks + (num_tokens + kThreads - 1) / kThreads;
-  const std::size_t histogram_bytes = sizeof(int) * num_experts;
-  layout_kernel<<<blocks, kThreads, histogram_bytes, stream>>>(topk_idx, topk_int64, topk_row_stride, num_tokens, topk,
-                                                               num_ranks, num_experts, out);
+void launch_layout(const LayoutArgs& args, cudaStream_t stream) {
+  const int blocks = args.num_tokens == 0 ? 1 : (args.num_tokens + kThreads - 1) / kThreads;
+  const std::size_t histogram_bytes = sizeof(int) * args.num_experts;
+  if (args.topk <= 8) {
+    layout_kernel<8><<<blocks, kThreads, histogram_bytes, stream>>>(args);
+  } else {
+    layout_kernel<kMaxLayoutTopk><<<blocks, kThreads, histogram_bytes, stream>>>(args);
+  }
   detail::check_launch("ht layout_kernel");
 }
 
-void load_layout_kernel() { detail::load_kernel(reinterpret_cast<const void*>(layout_kernel), "HT layout kernel"); }
+void load_layout_kernel() {
+  detail::load_kernel(reinterpret_cast<const void*>(layout_kernel<8>), "HT layout kernel");
+  detail::load_kernel(reinterpret_cast<const void*>(layout_kernel<kMaxLayoutTopk>), "HT layout kernel");
+}
+
+std::size_t layout_scratch_bytes(int max_tokens, int num_ranks, int num_experts) {
+  const std::size_t tiles = (std::size_t(max_tokens) + kThreads - 1) / kThreads;
+  return sizeof(LayoutState) + sizeof(uint64_t) * tiles * num_ranks + sizeof(int32_t) * tiles * num_experts;
+}
+
+LayoutScratch layout_scratch(void* memory, int max_tokens, int num_ranks, const transport::TeamView& team) {
+  const std::size_t tiles = (std::size_t(max_tokens) + kThreads - 1) / kThreads;
+  char* p = static_cast<char*>(memory);
+  LayoutScratch s;
+  s.team = team;
+  s.state = reinterpret_cast<LayoutState*>(p);
+  s.tile_totals = reinterpret_cast<uint64_t*>(p + sizeof(LayoutState));
+  s.expert_partials = reinterpret_cast<int32_t*>(p + sizeof(LayoutState) + sizeof(uint64_t) * tiles * num_ranks);
+  return s;
+}
 
 }  // namespace epx::kernels::ht

@@ -23,6 +23,7 @@ enum class WaitPhase : uint32_t {
   none = 0,
   barrier,           // team barrier: waiting for a peer's arrival
   test_signal,       // transport test: waiting for a peer's put-with-signal
+  ht_layout,         // HT layout: waiting for an earlier tile's token counts (detail: the tile)
   ht_notify,         // HT dispatch: waiting for a source's counts
   ht_counts,         // HT dispatch: a sending CTA waiting for its own rank's count exchange (CTA 0)
   ht_dispatch_done,  // HT dispatch: waiting for a source's rows
