@@ -118,11 +118,12 @@ bench() {
 
 # Small shapes, every kernel: HT on single-GPU teams and the world team, LL and its rank masking on the
 # world team, the layout kernel, the timeout paths. Single-GPU teams get ten times the wait timeout:
-# under the tools their ranks' kernels, sharing one GPU, run many times slower. LL on single-GPU teams
-# is left out: its ranks take every SM of the GPU between them, and under the tools a rank's kernel
-# was seen to start only after another rank's wait for it had expired (2026-11-22: LlMask cases on one
-# GPU timed out under both tools; they pass without them). Reported, not part of the exit status (a
-# sanitizer's exit status also counts test failures under its slowdown).
+# under the tools their ranks' kernels, sharing one GPU, run many times slower. LL exchanges between
+# live ranks of one GPU are left out: under the tools a rank's kernel was seen to start only after
+# another rank's wait for it had expired (2026-11-22: LlMask and LlErrors on one GPU timed out under
+# both tools, and once a 4-rank HT case under memcheck; all of them pass without the tools).
+# Reported, not part of the exit status (a sanitizer's exit status also counts test failures under
+# its slowdown).
 sanitizers_run() {
   echo "== compute-sanitizer (small shapes)"
   local small='Cases/HtExchange.MatchesReference/SingleGpu2_Uniform:Cases/HtExchange.MatchesReference/SingleGpu4_Zipf_Fp8_Int32'
@@ -130,7 +131,7 @@ sanitizers_run() {
   small+=':Cases/HtLayoutTest.MatchesReference/OneTokenIntoTheSecondTile:Cases/HtLayoutTest.MatchesReference/NineSlots_Int32'
   small+=':Cases/LlExchange.MatchesReference/World_SmallerThanBuffer_Ue8m0'
   small+=':Cases/LlExchange.MatchesReference/World_RepeatedExperts_Fp8RoundScale_ColumnMajorScales'
-  small+=':LlErrors.*:LlTimeout.*:LlMask.WorldRanksMaskEachOtherThenRejoin'
+  small+=':LlTimeout.*:LlMask.WorldRanksMaskEachOtherThenRejoin'
   for tool in memcheck racecheck; do
     EPX_TEST_TIMEOUT_SCALE=10 timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --target-processes all \
       "$build/tests/epx_gpu_tests" --gtest_filter="$small" >"$out/$tool.log" 2>&1

@@ -22,9 +22,8 @@ struct LayoutOutputs {
 
 // The layout kernel's private words (zero when the buffer is made; see layout.cu for the protocol).
 struct LayoutState {
-  uint32_t tiles_taken;  // tiles handed out to the CTAs of the running call
-  uint32_t ctas_done;    // CTAs of the running call that have finished
-  uint64_t calls;        // calls finished; the running call's tile totals carry calls + 1
+  unsigned long long tiles_taken;  // tiles handed out to the CTAs of the running call
+  uint64_t calls;                  // calls finished; the running call's tile totals carry calls + 1
 };
 // The layout kernel's private memory, one per buffer (layout_scratch_bytes, zeroed).
 struct LayoutScratch {

@@ -10,18 +10,20 @@
 //    first, so send_pos = (earlier tiles' counts for r) + (position within the tile).
 //
 // Protocol between the CTAs of one call (LayoutState and tile_totals: private to this rank's buffer,
-// zero at creation; a call's kernels run after the previous call's on the caller's stream):
-//  * Thread 0 takes the CTA's tile with atomicAdd(tiles_taken, 1), so tiles are handed out in the
-//    order the CTAs start: every earlier tile belongs to a CTA that is already running and publishes
-//    its counts before it waits for anything. No wait below can deadlock, whatever the grid's size.
-//  * Thread r (r < R) publishes its tile's count for rank r with one release store:
-//    tile_totals[tile][r] = (call << kCountBits) | count, where call = calls + 1 (read at the start).
+// zero at creation; a call's kernel runs after the previous call's on the caller's stream):
+//  * Thread 0 reads call = calls + 1 (acquire), then takes the CTA's tile with atomicAdd(tiles_taken,
+//    1), so tiles are handed out in the order the CTAs start: every earlier tile belongs to a CTA that
+//    is already running and publishes its counts before it waits for anything. No wait below can
+//    deadlock, whatever the grid's size.
+//  * Each CTA writes its tile's row of partial expert counts, __syncthreads, then thread r (r < R)
+//    publishes the tile's count for rank r with one release store:
+//    tile_totals[tile][r] = (call << kCountBits) | count.
 //  * The CTA's threads wait (bounded, acquire) until the words of the earlier tiles carry this call's
-//    number, and add their counts into the tile's base positions.
-//  * The CTA of the last tile writes rank_counts: its base plus its own counts.
-//  * The last CTA to finish (last_cta_done: every CTA's writes are visible to it) sums the partial rows
-//    into expert_token_counts when the caller asked for totals, then resets tiles_taken and stores
-//    calls = call. No CTA of this call reads either any more.
+//    number, and add their counts into the tile's base positions; __syncthreads.
+//  * The CTA of the last tile has then seen every tile published (and so every partial row written):
+//    it writes rank_counts (its base plus its own counts), sums the partial rows into
+//    expert_token_counts when the caller asked for totals, and resets the state for the next call:
+//    tiles_taken = 0 (every tile has been taken) and calls = call (every CTA has read it).
 #include "core/cuda_check.hpp"
 #include "kernels/ht/launch.hpp"
 #include "kernels/ht/protocol.cuh"
@@ -65,8 +67,8 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   LayoutState* state = a.scratch.state;
   if (threadIdx.x == 0) {
-    tile_of_cta = atomicAdd(&state->tiles_taken, 1u);
-    call_of_cta = transport::load_relaxed_sys(&state->calls) + 1;
+    call_of_cta = transport::load_acquire_sys(&state->calls) + 1;  // read before the tile is taken
+    tile_of_cta = uint32_t(atomicAdd(&state->tiles_taken, 1ull));
   }
   for (int e = threadIdx.x; e < E; e += kThreads) expert_counts[e] = 0;
   for (int r = threadIdx.x; r < R; r += kThreads) base[r] = 0;
@@ -102,7 +104,10 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
     if (lane == 0) warp_offsets[warp][r] = __popc(in);
   }
   __syncthreads();
-  uint64_t* tile_totals = a.scratch.tile_totals;
+  int32_t* partials = a.out.expert_partials != nullptr ? a.out.expert_partials : a.scratch.expert_partials;
+  if (tile * kThreads < a.num_tokens) {
+    for (int e = threadIdx.x; e < E; e += kThreads) partials[int64_t(tile) * E + e] = expert_counts[e];
+  }
   for (int r = threadIdx.x; r < R; r += kThreads) {
     int sum = 0;
     for (int w = 0; w < kWarps; ++w) {
@@ -111,7 +116,11 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
       sum += n;
     }
     tile_counts[r] = sum;
-    transport::store_release_sys(&tile_totals[int64_t(tile) * R + r], (call << kCountBits) | uint64_t(sum));
+  }
+  __syncthreads();  // the partial row is written before the tile is published
+  uint64_t* tile_totals = a.scratch.tile_totals;
+  for (int r = threadIdx.x; r < R; r += kThreads) {
+    transport::store_release_sys(&tile_totals[int64_t(tile) * R + r], (call << kCountBits) | uint64_t(tile_counts[r]));
   }
   bool ok = true;
   for (int i = threadIdx.x; i < tile * R; i += kThreads) {
@@ -120,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
                    transport::WaitSite{transport::WaitPhase::ht_layout, a.scratch.team.rank, uint32_t(i / R)});
     if (ok) atomicAdd(&base[i % R], int(transport::load_relaxed_sys(&tile_totals[i]) & kCountMask));
   }
-  ok = __syncthreads_and(ok);  // also orders the expert counts and the scan before what follows
+  ok = __syncthreads_and(ok);  // every base is complete; what one thread acquired, all may read
 
   if (ok) {  // else the team has failed: the call will fail, its outputs are not read
     for (int r = 0; r < R; ++r) {
@@ -131,16 +140,10 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
       if (a.out.send_pos != nullptr) a.out.send_pos[int64_t(t) * R + r] = in ? position : -1;
       if (a.out.is_token_in_rank != nullptr) a.out.is_token_in_rank[int64_t(t) * R + r] = in;
     }
-    if (tile == int(gridDim.x) - 1) {
-      for (int r = threadIdx.x; r < R; r += kThreads) a.out.rank_counts[r] = base[r] + tile_counts[r];
-    }
   }
-  int32_t* partials = a.out.expert_partials != nullptr ? a.out.expert_partials : a.scratch.expert_partials;
-  if (tile * kThreads < a.num_tokens) {
-    for (int e = threadIdx.x; e < E; e += kThreads) partials[int64_t(tile) * E + e] = expert_counts[e];
-  }
-
-  if (last_cta_done(&state->ctas_done)) {
+  if (tile != int(gridDim.x) - 1) return;
+  if (ok) {
+    for (int r = threadIdx.x; r < R; r += kThreads) a.out.rank_counts[r] = base[r] + tile_counts[r];
     if (a.out.expert_token_counts != nullptr) {
       const int tiles = (a.num_tokens + kThreads - 1) / kThreads;
       for (int e = threadIdx.x; e < E; e += kThreads) {
@@ -149,10 +152,10 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
         a.out.expert_token_counts[e] = n;
       }
     }
-    if (threadIdx.x == 0) {
-      state->tiles_taken = 0;
-      state->calls = call;
-    }
+  }
+  if (threadIdx.x == 0) {
+    state->tiles_taken = 0;
+    state->calls = call;
   }
 }
 
