@@ -144,7 +144,9 @@ void mask_each_other_then_rejoin(Team& team, cudaStream_t stream) {
 
 // Two tests, so that the sanitizer run can take the world team's alone (device_check.sh).
 TEST(LlMask, WorldRanksMaskEachOtherThenRejoin) {
-  EPX_REQUIRE_WORLD_SIZE(2);
+  if (rank_info().world_size != 2) {
+    GTEST_SKIP() << "needs a world team of exactly 2 GPUs, this job has " << rank_info().world_size;
+  }
   on_ranks(0, mask_each_other_then_rejoin);
 }
 
