@@ -42,14 +42,15 @@ struct HtBuffer::Impl {
   kh::HostMailbox* mailbox = nullptr;  // host-mapped
   kh::HostMailbox* mailbox_device = nullptr;
   uint32_t next_ticket = 0;
-  // Private words of the kernels, zero at creation (see dispatch.cu and combine.cu).
+  // Private words of the kernels, zero at creation (see dispatch.cu and combine.cu); the layout
+  // kernel's scratch follows them in the same allocation.
   struct Counters {
     uint32_t dispatch_blocks_done;
     uint32_t combine_blocks_done;
     uint64_t counts_ready;
   };
+  static_assert(sizeof(Counters) % 16 == 0, "the layout scratch follows the counters, 16-byte aligned");
   Counters* counters = nullptr;
-  void* layout_memory = nullptr;  // kh::layout_scratch_bytes, zero at creation
   kh::LayoutScratch layout_scratch{};
   uint16_t* combine_out = nullptr;       // [T_max][H]
   float* combine_out_weights = nullptr;  // [T_max][K_max]
@@ -72,7 +73,6 @@ HtBuffer::Impl::~Impl() {
   // Handles the caller still holds keep the pool (and their blocks) alive; this buffer's part ends here.
   if (mailbox != nullptr) cudaFreeHost(mailbox);
   cudaFree(counters);
-  cudaFree(layout_memory);
   cudaFree(combine_out);
   cudaFree(combine_out_weights);
 }
@@ -217,22 +217,20 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   impl_->mailbox->failed_rank = -1;
   check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->mailbox_device), mailbox, 0),
              "cudaHostGetDevicePointer");
-  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->counters), sizeof(Impl::Counters)), "cudaMalloc(HT counters)");
+  const std::size_t zeroed_bytes =
+      sizeof(Impl::Counters) + kh::layout_scratch_bytes(options.max_tokens_per_rank, R, options.num_experts);
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->counters), zeroed_bytes), "cudaMalloc(HT counters)");
   // On the buffer's stream, waited for below (the handle pool's): a plain cudaMemset runs on the legacy
   // stream, which kernels on non-blocking streams do not wait for.
-  check_cuda(cudaMemsetAsync(impl_->counters, 0, sizeof(Impl::Counters), impl_->calls.comm_stream()),
+  check_cuda(cudaMemsetAsync(impl_->counters, 0, zeroed_bytes, impl_->calls.comm_stream()),
              "cudaMemsetAsync(HT CTA counters)");
-  const std::size_t layout_bytes = kh::layout_scratch_bytes(options.max_tokens_per_rank, R, options.num_experts);
-  check_cuda(cudaMalloc(&impl_->layout_memory, layout_bytes), "cudaMalloc(HT layout scratch)");
-  check_cuda(cudaMemsetAsync(impl_->layout_memory, 0, layout_bytes, impl_->calls.comm_stream()),
-             "cudaMemsetAsync(HT layout scratch)");
-  impl_->layout_scratch = kh::layout_scratch(impl_->layout_memory, options.max_tokens_per_rank, R, team.impl().view());
+  impl_->layout_scratch = kh::layout_scratch(impl_->counters + 1, options.max_tokens_per_rank, R, team.impl().view());
   const std::size_t out_bytes = std::size_t(options.max_tokens_per_rank) * options.hidden * 2;
   const std::size_t out_weight_bytes = std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float);
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out), out_bytes), "cudaMalloc(HT combine output)");
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out_weights), out_weight_bytes),
              "cudaMalloc(HT combine weights)");
-  impl_->private_bytes = out_bytes + out_weight_bytes + sizeof(Impl::Counters) + layout_bytes;
+  impl_->private_bytes = out_bytes + out_weight_bytes + zeroed_bytes;
   impl_->handles = std::make_shared<HtHandlePool>(R, options.max_tokens_per_rank, options.num_experts,
                                                   options.handle_blocks, impl_->calls.comm_stream());
   impl_->view = impl_->make_view();

@@ -50,9 +50,9 @@ void run_rank(const LayoutCase& c, Team& team, cudaStream_t stream) {
   // The buffer holds more tokens than the call: the grid follows the call's tokens, not the buffer's.
   HtBuffer buffer(team, HtBufferOptions{c.T + 3000, 2048, 32, c.E});
   for (int call = 0; call < 3; ++call) {
-    ASSERT_EQ(cudaMemsetAsync(per_rank.data, 0xA5, sizeof(int32_t) * c.R, stream), cudaSuccess);
-    ASSERT_EQ(cudaMemsetAsync(per_expert.data, 0xA5, sizeof(int32_t) * c.E, stream), cudaSuccess);
-    ASSERT_EQ(cudaMemsetAsync(in_rank.data, 0xA5, std::size_t(c.T) * c.R, stream), cudaSuccess);
+    poison(TensorRef::vector(per_rank.data, ScalarType::int32, c.R), stream);
+    poison(TensorRef::vector(per_expert.data, ScalarType::int32, c.E), stream);
+    poison(TensorRef::matrix(in_rank.data, ScalarType::boolean, c.T, c.R), stream);
     const HtLayout out{static_cast<int32_t*>(per_rank.data), static_cast<int32_t*>(per_expert.data),
                        static_cast<bool*>(in_rank.data)};
     buffer.get_layout(topk, out, HtStreams{stream});

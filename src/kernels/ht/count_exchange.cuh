@@ -75,7 +75,7 @@ __device__ inline void exchange_counts(const DispatchArgs& a, uint64_t seq) {
   __syncthreads();
 
   if (!c.cached) {
-    const int layout_ctas = (a.tokens.num_tokens + kLayoutTokensPerCta - 1) / kLayoutTokensPerCta;
+    const int tiles = layout_tiles(a.tokens.num_tokens);
     const int stride = b.notify_stride();
     for (int i = threadIdx.x; i < R * stride; i += blockDim.x) {
       const int d = i / stride, j = i % stride;
@@ -83,8 +83,8 @@ __device__ inline void exchange_counts(const DispatchArgs& a, uint64_t seq) {
     }
     for (int i = threadIdx.x; i < R * E_local; i += blockDim.x) {
       const int d = i / E_local, j = i % E_local;
-      int32_t n = 0;  // this rank's tokens naming expert d * E_local + j, summed over the layout CTAs
-      for (int h = 0; h < layout_ctas; ++h) n += a.handle.expert_partials[int64_t(h) * b.num_experts + d * E_local + j];
+      int32_t n = 0;  // this rank's tokens naming expert d * E_local + j, summed over the layout tiles
+      for (int h = 0; h < tiles; ++h) n += a.handle.expert_partials[int64_t(h) * b.num_experts + d * E_local + j];
       b.at<int32_t>(d, b.notify_expert_counts)[me * E_local + j] = n;
     }
   }

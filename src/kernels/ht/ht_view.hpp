@@ -40,8 +40,12 @@ struct InputError {
 // HandleView::status when the count exchange's wait expired (the team failed).
 constexpr int32_t kStatusTeamFailed = -1;
 
-// Tokens each "histogram" CTA of the layout kernel covers (its partial expert counts are one row).
+// Tokens each CTA of the layout kernel covers (a tile: its partial expert counts are one row).
 constexpr int kLayoutTokensPerCta = 1024;
+// The layout tiles of `tokens` tokens (the last one may be partial).
+__host__ __device__ constexpr int layout_tiles(int64_t tokens) {
+  return int((tokens + kLayoutTokensPerCta - 1) / kLayoutTokensPerCta);
+}
 
 struct HandleView {
   int32_t* send_pos;         // [T][R]: index of token t among this rank's tokens for rank r, -1 if not sent

@@ -24,6 +24,8 @@
 //    it writes rank_counts (its base plus its own counts), sums the partial rows into
 //    expert_token_counts when the caller asked for totals, and resets the state for the next call:
 //    tiles_taken = 0 (every tile has been taken) and calls = call (every CTA has read it).
+#include <algorithm>
+
 #include "core/cuda_check.hpp"
 #include "kernels/ht/launch.hpp"
 #include "kernels/ht/protocol.cuh"
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   if (ok) {
     for (int r = threadIdx.x; r < R; r += kThreads) a.out.rank_counts[r] = base[r] + tile_counts[r];
     if (a.out.expert_token_counts != nullptr) {
-      const int tiles = (a.num_tokens + kThreads - 1) / kThreads;
+      const int tiles = layout_tiles(a.num_tokens);
       for (int e = threadIdx.x; e < E; e += kThreads) {
         int32_t n = 0;
         for (int h = 0; h < tiles; ++h) n += partials[int64_t(h) * E + e];
@@ -162,7 +164,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
 }  // namespace
 
 void launch_layout(const LayoutArgs& args, cudaStream_t stream) {
-  const int blocks = args.num_tokens == 0 ? 1 : (args.num_tokens + kThreads - 1) / kThreads;
+  const int blocks = std::max(1, layout_tiles(args.num_tokens));
   const std::size_t histogram_bytes = sizeof(int) * args.num_experts;
   if (args.topk <= 8) {
     layout_kernel<8><<<blocks, kThreads, histogram_bytes, stream>>>(args);
@@ -178,12 +180,12 @@ void load_layout_kernel() {
 }
 
 std::size_t layout_scratch_bytes(int max_tokens, int num_ranks, int num_experts) {
-  const std::size_t tiles = (std::size_t(max_tokens) + kThreads - 1) / kThreads;
+  const std::size_t tiles = layout_tiles(max_tokens);
   return sizeof(LayoutState) + sizeof(uint64_t) * tiles * num_ranks + sizeof(int32_t) * tiles * num_experts;
 }
 
 LayoutScratch layout_scratch(void* memory, int max_tokens, int num_ranks, const transport::TeamView& team) {
-  const std::size_t tiles = (std::size_t(max_tokens) + kThreads - 1) / kThreads;
+  const std::size_t tiles = layout_tiles(max_tokens);
   char* p = static_cast<char*>(memory);
   LayoutScratch s;
   s.team = team;
