@@ -8,7 +8,6 @@
 namespace epx::api {
 
 using detail::check_cuda;
-using detail::require;
 
 CallOrder::CallOrder(Team& team) : team_(team) {
   check_cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -23,10 +22,11 @@ CallOrder::~CallOrder() {
 cudaStream_t CallOrder::begin(const Streams& streams, const char* what) {
   int device = -1;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  require(device == team_.device(), std::string(what) + " call with CUDA device " + std::to_string(device) +
-                                        " current; this rank's team is on device " + std::to_string(team_.device()));
+  EPX_REQUIRE(device == team_.device(), std::string(what) + " call with CUDA device " + std::to_string(device) +
+                                            " current; this rank's team is on device " +
+                                            std::to_string(team_.device()));
   team_.check_device_errors();  // an expired wait of an earlier call: report it now, once
-  require(!team_.failed(), std::string(what) + " call on a failed team (a wait expired earlier)");
+  EPX_REQUIRE(!team_.failed(), std::string(what) + " call on a failed team (a wait expired earlier)");
   cudaStream_t stream = streams.stream;
   if (streams.async) {
     cudaEvent_t ready = streams.previous_event;

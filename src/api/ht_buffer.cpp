@@ -18,7 +18,6 @@
 namespace epx {
 
 using detail::check_cuda;
-using detail::require;
 namespace kh = kernels::ht;
 
 // 16 CTAs for every rank count: the SM budget, and within it the fastest of the num_sms sweeps
@@ -111,13 +110,13 @@ kh::LayoutArgs HtBuffer::Impl::layout_args(const TensorRef& topk_idx, const kh::
 }
 
 void HtBuffer::Impl::validate_config(const HtConfig& c) const {
-  require(c.num_sms >= 1 && c.num_sms <= 1024,
-          "HtConfig::num_sms must be in [1, 1024], got " + std::to_string(c.num_sms));
+  EPX_REQUIRE(c.num_sms >= 1 && c.num_sms <= 1024,
+              "HtConfig::num_sms must be in [1, 1024], got " + std::to_string(c.num_sms));
   // On one GPU the ranks' CTAs wait for each other, so all of them must be resident at once.
-  require(!team.is_single_gpu() || c.num_sms * team.size() <= sm_count,
-          "HtConfig::num_sms = " + std::to_string(c.num_sms) + " on a single-GPU team of " +
-              std::to_string(team.size()) + " ranks needs " + std::to_string(c.num_sms * team.size()) +
-              " resident CTAs; this GPU has " + std::to_string(sm_count) + " SMs");
+  EPX_REQUIRE(!team.is_single_gpu() || c.num_sms * team.size() <= sm_count,
+              "HtConfig::num_sms = " + std::to_string(c.num_sms) + " on a single-GPU team of " +
+                  std::to_string(team.size()) + " ranks needs " + std::to_string(c.num_sms * team.size()) +
+                  " resident CTAs; this GPU has " + std::to_string(sm_count) + " SMs");
 }
 
 // Errors that kernels recorded without the host waiting for them (HostMailbox's sticky fields).
@@ -188,20 +187,21 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
     : impl_(std::make_unique<Impl>(team, options, config)) {
   detail::ScopedRank scoped(team.rank());
   const int R = team.size();
-  require(options.max_tokens_per_rank >= 1, "HtBufferOptions::max_tokens_per_rank must be >= 1");
-  require(options.hidden >= 128 && options.hidden % 128 == 0 && options.hidden <= kh::kMaxHidden,
-          "HtBufferOptions::hidden must be a positive multiple of 128 up to " + std::to_string(kh::kMaxHidden) +
-              ", got " + std::to_string(options.hidden));
-  require(options.handle_blocks >= 1, "HtBufferOptions::handle_blocks must be >= 1");
-  require(options.max_topk >= 1 && options.max_topk <= 32,
-          "HtBufferOptions::max_topk must be in [1, 32], got " + std::to_string(options.max_topk));
-  require(options.num_experts >= R && options.num_experts % R == 0,
-          "HtBufferOptions::num_experts (" + std::to_string(options.num_experts) +
-              ") must be a positive multiple of the team size (" + std::to_string(R) + ")");
-  require(int64_t(R) * options.max_tokens_per_rank < (int64_t(1) << 31), "R * max_tokens_per_rank must fit in int32");
-  require(options.num_experts <= kh::kMaxLayoutExperts, "HtBufferOptions::num_experts is at most " +
-                                                            std::to_string(kh::kMaxLayoutExperts) + ", got " +
-                                                            std::to_string(options.num_experts));
+  EPX_REQUIRE(options.max_tokens_per_rank >= 1, "HtBufferOptions::max_tokens_per_rank must be >= 1");
+  EPX_REQUIRE(options.hidden >= 128 && options.hidden % 128 == 0 && options.hidden <= kh::kMaxHidden,
+              "HtBufferOptions::hidden must be a positive multiple of 128 up to " + std::to_string(kh::kMaxHidden) +
+                  ", got " + std::to_string(options.hidden));
+  EPX_REQUIRE(options.handle_blocks >= 1, "HtBufferOptions::handle_blocks must be >= 1");
+  EPX_REQUIRE(options.max_topk >= 1 && options.max_topk <= 32,
+              "HtBufferOptions::max_topk must be in [1, 32], got " + std::to_string(options.max_topk));
+  EPX_REQUIRE(options.num_experts >= R && options.num_experts % R == 0,
+              "HtBufferOptions::num_experts (" + std::to_string(options.num_experts) +
+                  ") must be a positive multiple of the team size (" + std::to_string(R) + ")");
+  EPX_REQUIRE(int64_t(R) * options.max_tokens_per_rank < (int64_t(1) << 31),
+              "R * max_tokens_per_rank must fit in int32");
+  EPX_REQUIRE(options.num_experts <= kh::kMaxLayoutExperts, "HtBufferOptions::num_experts is at most " +
+                                                                std::to_string(kh::kMaxLayoutExperts) + ", got " +
+                                                                std::to_string(options.num_experts));
   check_cuda(cudaDeviceGetAttribute(&impl_->sm_count, cudaDevAttrMultiProcessorCount, team.device()),
              "cudaDeviceGetAttribute");
   impl_->validate_config(config);
@@ -252,29 +252,30 @@ std::size_t HtBuffer::buffer_bytes() const {
 
 TensorRef HtBuffer::combine_input(int64_t rows, int64_t hidden) const {
   detail::ScopedRank scoped(impl_->team.rank());
-  require(rows >= 0 && rows <= impl_->areas.recv_rows && hidden >= 128 && hidden % 128 == 0 &&
-              hidden <= impl_->options.hidden,
-          "combine_input(" + std::to_string(rows) + ", " + std::to_string(hidden) + "): at most " +
-              std::to_string(impl_->areas.recv_rows) + " rows of a hidden size that is a multiple of 128, at most " +
-              std::to_string(impl_->options.hidden));
+  EPX_REQUIRE(rows >= 0 && rows <= impl_->areas.recv_rows && hidden >= 128 && hidden % 128 == 0 &&
+                  hidden <= impl_->options.hidden,
+              "combine_input(" + std::to_string(rows) + ", " + std::to_string(hidden) + "): at most " +
+                  std::to_string(impl_->areas.recv_rows) +
+                  " rows of a hidden size that is a multiple of 128, at most " + std::to_string(impl_->options.hidden));
   char* base = static_cast<char*>(impl_->memory.local());
   return TensorRef::matrix(base + impl_->areas.combine_input, ScalarType::bf16, rows, hidden);
 }
 
 TensorRef HtBuffer::combine_input_weights(int64_t rows, int64_t topk) const {
   detail::ScopedRank scoped(impl_->team.rank());
-  require(rows >= 0 && rows <= impl_->areas.recv_rows && topk >= 1 && topk <= impl_->options.max_topk,
-          "combine_input_weights(" + std::to_string(rows) + ", " + std::to_string(topk) + ") is out of range");
+  EPX_REQUIRE(rows >= 0 && rows <= impl_->areas.recv_rows && topk >= 1 && topk <= impl_->options.max_topk,
+              "combine_input_weights(" + std::to_string(rows) + ", " + std::to_string(topk) + ") is out of range");
   char* base = static_cast<char*>(impl_->memory.local());
   return TensorRef::matrix(base + impl_->areas.combine_input_weights, ScalarType::float32, rows, topk);
 }
 
 std::size_t HtBuffer::required_bytes(const HtBufferOptions& options, int num_ranks) {
-  require(num_ranks >= 1 && num_ranks <= kMaxNvlinkRanks && options.num_experts >= num_ranks &&
-              options.num_experts % num_ranks == 0 && options.max_tokens_per_rank >= 1 && options.hidden >= 128 &&
-              options.hidden % 128 == 0 && options.max_topk >= 1,
-          "HtBuffer::required_bytes: options a buffer cannot be made with (" + std::to_string(num_ranks) + " ranks, " +
-              std::to_string(options.num_experts) + " experts, hidden " + std::to_string(options.hidden) + ")");
+  EPX_REQUIRE(num_ranks >= 1 && num_ranks <= kMaxNvlinkRanks && options.num_experts >= num_ranks &&
+                  options.num_experts % num_ranks == 0 && options.max_tokens_per_rank >= 1 && options.hidden >= 128 &&
+                  options.hidden % 128 == 0 && options.max_topk >= 1,
+              "HtBuffer::required_bytes: options a buffer cannot be made with (" + std::to_string(num_ranks) +
+                  " ranks, " + std::to_string(options.num_experts) + " experts, hidden " +
+                  std::to_string(options.hidden) + ")");
   return core::ht_areas(options, num_ranks).total + std::size_t(options.max_tokens_per_rank) * options.hidden * 2 +
          std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float) +
          kh::layout_scratch_bytes(options.max_tokens_per_rank, num_ranks, options.num_experts);
@@ -291,15 +292,17 @@ cudaEvent_t HtBuffer::get_layout(const TensorRef& topk_idx, const HtLayout& out,
   detail::ScopedRank scoped(im.team.rank());
   im.report_recorded_errors();  // local call: nobody waits for this rank
   core::check_tensor(topk_idx, {"topk_idx", {ScalarType::int64, ScalarType::int32}});
-  require(topk_idx.rows <= im.options.max_tokens_per_rank, "topk_idx has " + std::to_string(topk_idx.rows) +
-                                                               " tokens, more than the buffer's max_tokens_per_rank (" +
-                                                               std::to_string(im.options.max_tokens_per_rank) + ")");
-  require(topk_idx.cols >= 1 && topk_idx.cols <= im.options.max_topk, "topk_idx has " + std::to_string(topk_idx.cols) +
-                                                                          " columns; the buffer allows 1 to " +
-                                                                          std::to_string(im.options.max_topk));
-  require(out.num_tokens_per_rank != nullptr && out.num_tokens_per_expert != nullptr,
-          "get_layout: num_tokens_per_rank and num_tokens_per_expert are required outputs");
-  require(topk_idx.rows == 0 || out.is_token_in_rank != nullptr, "get_layout: is_token_in_rank is a required output");
+  EPX_REQUIRE(topk_idx.rows <= im.options.max_tokens_per_rank,
+              "topk_idx has " + std::to_string(topk_idx.rows) +
+                  " tokens, more than the buffer's max_tokens_per_rank (" +
+                  std::to_string(im.options.max_tokens_per_rank) + ")");
+  EPX_REQUIRE(topk_idx.cols >= 1 && topk_idx.cols <= im.options.max_topk,
+              "topk_idx has " + std::to_string(topk_idx.cols) + " columns; the buffer allows 1 to " +
+                  std::to_string(im.options.max_topk));
+  EPX_REQUIRE(out.num_tokens_per_rank != nullptr && out.num_tokens_per_expert != nullptr,
+              "get_layout: num_tokens_per_rank and num_tokens_per_expert are required outputs");
+  EPX_REQUIRE(topk_idx.rows == 0 || out.is_token_in_rank != nullptr,
+              "get_layout: is_token_in_rank is a required output");
   const cudaStream_t stream = im.calls.begin(streams, "HT");
   kh::LayoutOutputs outputs;
   outputs.rank_counts = out.num_tokens_per_rank;
@@ -318,38 +321,38 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   const int64_t T = args.topk_idx.rows;
   const int64_t H = args.x.cols;
   const bool fp8 = args.x.type == ScalarType::fp8_e4m3;
-  require(T <= im.options.max_tokens_per_rank, "HT dispatch of " + std::to_string(T) +
-                                                   " tokens, more than the buffer's max_tokens_per_rank (" +
-                                                   std::to_string(im.options.max_tokens_per_rank) + ")");
+  EPX_REQUIRE(T <= im.options.max_tokens_per_rank, "HT dispatch of " + std::to_string(T) +
+                                                       " tokens, more than the buffer's max_tokens_per_rank (" +
+                                                       std::to_string(im.options.max_tokens_per_rank) + ")");
   core::check_tensor(args.x, {"x", {ScalarType::bf16, ScalarType::fp8_e4m3}, T, -1, true, 16});
-  require(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
-          "x has hidden " + std::to_string(H) + ": it must be a positive multiple of 128, at most the buffer's " +
-              std::to_string(im.options.hidden));
+  EPX_REQUIRE(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
+              "x has hidden " + std::to_string(H) + ": it must be a positive multiple of 128, at most the buffer's " +
+                  std::to_string(im.options.hidden));
   core::check_tensor(args.topk_idx, {"topk_idx", {ScalarType::int64, ScalarType::int32}});
   const int64_t K = args.topk_idx.cols;
-  require(
+  EPX_REQUIRE(
       K >= 1 && K <= im.options.max_topk,
       "topk_idx has " + std::to_string(K) + " columns; the buffer allows 1 to " + std::to_string(im.options.max_topk));
   core::check_optional_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, T, K});
   if (fp8) {
     core::check_tensor(args.x_scales, {"x_scales", {ScalarType::float32}, T, H / 128, false});
   } else {
-    require(args.x_scales.empty(), "x_scales is given but x is bf16 (scales go with fp8_e4m3 x only)");
+    EPX_REQUIRE(args.x_scales.empty(), "x_scales is given but x is bf16 (scales go with fp8_e4m3 x only)");
   }
-  require(args.expert_alignment >= 1 && args.expert_alignment <= (1 << 16),
-          "expert_alignment must be in [1, 65536], got " + std::to_string(args.expert_alignment));
+  EPX_REQUIRE(args.expert_alignment >= 1 && args.expert_alignment <= (1 << 16),
+              "expert_alignment must be in [1, 65536], got " + std::to_string(args.expert_alignment));
   const int64_t capacity = im.areas.recv_rows;
-  require(args.num_worst_tokens >= 0 && args.num_worst_tokens <= capacity,
-          "num_worst_tokens must be in [0, R * max_tokens_per_rank = " + std::to_string(capacity) + "], got " +
-              std::to_string(args.num_worst_tokens));
+  EPX_REQUIRE(args.num_worst_tokens >= 0 && args.num_worst_tokens <= capacity,
+              "num_worst_tokens must be in [0, R * max_tokens_per_rank = " + std::to_string(capacity) + "], got " +
+                  std::to_string(args.num_worst_tokens));
   if (args.cached) {
-    require(args.cached->pool() == im.handles.get(), "the cached handle comes from another HtBuffer");
-    require(args.cached->num_tokens == T && args.cached->topk == K,
-            "the cached handle was made for " + std::to_string(args.cached->num_tokens) + " tokens of top-" +
-                std::to_string(args.cached->topk) + ", not " + std::to_string(T) + " of top-" + std::to_string(K));
-    require(args.cached->expert_alignment == args.expert_alignment,
-            "a cached dispatch keeps its handle's expert_alignment (" + std::to_string(args.cached->expert_alignment) +
-                "), got " + std::to_string(args.expert_alignment));
+    EPX_REQUIRE(args.cached->pool() == im.handles.get(), "the cached handle comes from another HtBuffer");
+    EPX_REQUIRE(args.cached->num_tokens == T && args.cached->topk == K,
+                "the cached handle was made for " + std::to_string(args.cached->num_tokens) + " tokens of top-" +
+                    std::to_string(args.cached->topk) + ", not " + std::to_string(T) + " of top-" + std::to_string(K));
+    EPX_REQUIRE(args.cached->expert_alignment == args.expert_alignment,
+                "a cached dispatch keeps its handle's expert_alignment (" +
+                    std::to_string(args.cached->expert_alignment) + "), got " + std::to_string(args.expert_alignment));
   }
 
   const cudaStream_t stream = im.calls.begin(streams, "HT");
@@ -419,19 +422,19 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
 
-  require(args.handle != nullptr, "HT combine needs the handle of the dispatch it reverses");
+  EPX_REQUIRE(args.handle != nullptr, "HT combine needs the handle of the dispatch it reverses");
   const HtHandle& handle = *args.handle;
-  require(handle.pool() == im.handles.get(), "the combine handle comes from another HtBuffer");
+  EPX_REQUIRE(handle.pool() == im.handles.get(), "the combine handle comes from another HtBuffer");
   const int64_t H = args.y.cols;
   core::check_tensor(args.y, {"y", {ScalarType::bf16}, -1, -1, true, 16});
   const char* in_place = static_cast<const char*>(im.memory.local()) + im.areas.combine_input;
-  require(args.y.data != in_place || args.y.row_stride == H,
-          "y is the buffer's combine input, so it must be the dense view combine_input() returned");
-  require(args.y.rows >= handle.num_rows,
-          "y has " + std::to_string(args.y.rows) + " rows; the dispatch returned " + std::to_string(handle.num_rows));
-  require(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
-          "y has hidden " + std::to_string(H) + ": it must be a positive multiple of 128, at most the buffer's " +
-              std::to_string(im.options.hidden));
+  EPX_REQUIRE(args.y.data != in_place || args.y.row_stride == H,
+              "y is the buffer's combine input, so it must be the dense view combine_input() returned");
+  EPX_REQUIRE(args.y.rows >= handle.num_rows, "y has " + std::to_string(args.y.rows) + " rows; the dispatch returned " +
+                                                  std::to_string(handle.num_rows));
+  EPX_REQUIRE(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
+              "y has hidden " + std::to_string(H) + ": it must be a positive multiple of 128, at most the buffer's " +
+                  std::to_string(im.options.hidden));
   core::check_optional_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, args.y.rows, handle.topk});
   core::check_optional_tensor(args.bias, {"bias", {ScalarType::bf16}, handle.num_tokens, H, true, 16});
 

@@ -69,9 +69,9 @@ HtHandlePool::Block* HtHandlePool::acquire(cudaStream_t stream) {
   {
     std::lock_guard lock(mutex_);
     if (free_.empty()) {
-      detail::require(!in_capture, "HT dispatch inside a CUDA graph capture needs a free handle block, and all " +
-                                       std::to_string(blocks_.size()) +
-                                       " are held: drop handles first, or raise HtBufferOptions::handle_blocks");
+      EPX_REQUIRE(!in_capture, "HT dispatch inside a CUDA graph capture needs a free handle block, and all " +
+                                   std::to_string(blocks_.size()) +
+                                   " are held: drop handles first, or raise HtBufferOptions::handle_blocks");
       block = allocate(stream);
     } else {
       block = free_.back();

@@ -15,7 +15,6 @@
 namespace epx {
 
 using detail::check_cuda;
-using detail::require;
 namespace kl = kernels::ll;
 
 // Every SM by default: LL calls are latency-bound, and their time is spent waiting for memory, so more
@@ -38,19 +37,20 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 // The options a buffer can be made with for a team of `R` ranks (also what required_bytes accepts).
 void check_options(const LlBufferOptions& options, int R) {
-  require(R >= 1 && R <= kMaxNvlinkRanks, "an LL buffer needs 1 to " + str(kMaxNvlinkRanks) + " ranks, got " + str(R));
-  require(options.max_tokens_per_rank >= 1 && options.max_tokens_per_rank <= core::kLlMaxTokens,
-          "LlBufferOptions::max_tokens_per_rank must be in [1, " + str(core::kLlMaxTokens) + "], got " +
-              str(options.max_tokens_per_rank));
-  require(options.hidden >= 128 && options.hidden % 128 == 0 && options.hidden <= core::kLlMaxHidden,
-          "LlBufferOptions::hidden must be a positive multiple of 128 up to " + str(core::kLlMaxHidden) + ", got " +
-              str(options.hidden));
-  require(options.max_topk >= 1 && options.max_topk <= core::kLlMaxTopk,
-          "LlBufferOptions::max_topk must be in [1, " + str(core::kLlMaxTopk) + "], got " + str(options.max_topk));
-  require(options.num_experts >= R && options.num_experts % R == 0,
-          "LlBufferOptions::num_experts (" + str(options.num_experts) +
-              ") must be a positive multiple of the team size (" + str(R) + ")");
-  require(
+  EPX_REQUIRE(R >= 1 && R <= kMaxNvlinkRanks,
+              "an LL buffer needs 1 to " + str(kMaxNvlinkRanks) + " ranks, got " + str(R));
+  EPX_REQUIRE(options.max_tokens_per_rank >= 1 && options.max_tokens_per_rank <= core::kLlMaxTokens,
+              "LlBufferOptions::max_tokens_per_rank must be in [1, " + str(core::kLlMaxTokens) + "], got " +
+                  str(options.max_tokens_per_rank));
+  EPX_REQUIRE(options.hidden >= 128 && options.hidden % 128 == 0 && options.hidden <= core::kLlMaxHidden,
+              "LlBufferOptions::hidden must be a positive multiple of 128 up to " + str(core::kLlMaxHidden) + ", got " +
+                  str(options.hidden));
+  EPX_REQUIRE(options.max_topk >= 1 && options.max_topk <= core::kLlMaxTopk,
+              "LlBufferOptions::max_topk must be in [1, " + str(core::kLlMaxTopk) + "], got " + str(options.max_topk));
+  EPX_REQUIRE(options.num_experts >= R && options.num_experts % R == 0,
+              "LlBufferOptions::num_experts (" + str(options.num_experts) +
+                  ") must be a positive multiple of the team size (" + str(R) + ")");
+  EPX_REQUIRE(
       options.num_experts <= core::kLlMaxExperts,
       "LlBufferOptions::num_experts must be at most " + str(core::kLlMaxExperts) + ", got " + str(options.num_experts));
 }
@@ -93,11 +93,12 @@ struct LlBuffer::Impl {
 LlConfig LlBuffer::Impl::resolve(const LlConfig& requested) const {
   const LlConfig c =
       requested.num_sms == 0 ? default_ll_config(team.size(), sm_count, team.is_single_gpu()) : requested;
-  require(c.num_sms >= 1 && c.num_sms <= 1024, "LlConfig::num_sms must be in [1, 1024], got " + str(c.num_sms));
+  EPX_REQUIRE(c.num_sms >= 1 && c.num_sms <= 1024, "LlConfig::num_sms must be in [1, 1024], got " + str(c.num_sms));
   // On one GPU the ranks' CTAs wait for each other, so all of them must be resident at once.
-  require(!team.is_single_gpu() || c.num_sms * team.size() <= sm_count,
-          "LlConfig::num_sms = " + str(c.num_sms) + " on a single-GPU team of " + str(team.size()) + " ranks needs " +
-              str(c.num_sms * team.size()) + " resident CTAs; this GPU has " + str(sm_count) + " SMs");
+  EPX_REQUIRE(!team.is_single_gpu() || c.num_sms * team.size() <= sm_count,
+              "LlConfig::num_sms = " + str(c.num_sms) + " on a single-GPU team of " + str(team.size()) +
+                  " ranks needs " + str(c.num_sms * team.size()) + " resident CTAs; this GPU has " + str(sm_count) +
+                  " SMs");
   return c;
 }
 
@@ -130,9 +131,9 @@ kl::LlView LlBuffer::Impl::make_view() const {
 
 int LlBuffer::Impl::next_set(SetState* sets, uint64_t& calls_made, const char* what) {
   const int set = int(calls_made % core::kLlSets);
-  require(!sets[set].receive_pending, std::string("LL ") + what +
-                                          ": the receive step of the call two calls earlier (same buffer set) has "
-                                          "not been run; run it first (see send_only in ll.hpp)");
+  EPX_REQUIRE(!sets[set].receive_pending, std::string("LL ") + what +
+                                              ": the receive step of the call two calls earlier (same buffer set) has "
+                                              "not been run; run it first (see send_only in ll.hpp)");
   ++calls_made;
   ++sets[set].generation;
   return set;
@@ -145,8 +146,8 @@ std::function<void()> LlBuffer::Impl::receive_step(SetState& state, const Stream
   const uint64_t generation = state.generation;
   return [this, &state, generation, stream = streams.stream, launch = std::move(launch)] {
     detail::ScopedRank scoped(team.rank());
-    require(state.generation == generation && state.receive_pending,
-            "LL receive step: already run, or its buffer set has been reused since");
+    EPX_REQUIRE(state.generation == generation && state.receive_pending,
+                "LL receive step: already run, or its buffer set has been reused since");
     const Streams on{stream};
     const cudaStream_t s = calls.begin(on, "LL receive");
     launch(s);
@@ -260,9 +261,9 @@ void LlBuffer::set_rank_masked(int rank, bool masked, cudaStream_t on) {
   const Streams streams{on};
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
-  require(rank >= 0 && rank < im.team.size(),
-          "set_rank_masked: rank " + str(rank) + " is not in [0, " + str(im.team.size()) + ")");
-  require(rank != im.team.rank(), "set_rank_masked: a rank cannot mask itself (rank " + str(rank) + ")");
+  EPX_REQUIRE(rank >= 0 && rank < im.team.size(),
+              "set_rank_masked: rank " + str(rank) + " is not in [0, " + str(im.team.size()) + ")");
+  EPX_REQUIRE(rank != im.team.rank(), "set_rank_masked: a rank cannot mask itself (rank " + str(rank) + ")");
   const cudaStream_t stream = im.calls.begin(streams, "set_rank_masked");
   kl::launch_update_rank_mask(im.view, rank, rank + 1, masked, stream);
   im.calls.end(streams, stream);
@@ -272,8 +273,8 @@ void LlBuffer::query_rank_mask(int32_t* out, cudaStream_t on) {
   const Streams streams{on};
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
-  require(out != nullptr && reinterpret_cast<uintptr_t>(out) % 4 == 0,
-          "query_rank_mask: out must be a 4-byte aligned device pointer to int32 [" + str(im.team.size()) + "]");
+  EPX_REQUIRE(out != nullptr && reinterpret_cast<uintptr_t>(out) % 4 == 0,
+              "query_rank_mask: out must be a 4-byte aligned device pointer to int32 [" + str(im.team.size()) + "]");
   const cudaStream_t stream = im.calls.begin(streams, "query_rank_mask");
   check_cuda(cudaMemcpyAsync(out, im.own + im.areas.rank_mask, sizeof(uint32_t) * im.team.size(),
                              cudaMemcpyDeviceToDevice, stream),
@@ -294,32 +295,34 @@ LlDispatchResult LlBuffer::dispatch(const LlDispatchArgs& args, const Streams& s
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
   const int64_t T = args.x.rows, H = args.x.cols;
-  require(T <= im.options.max_tokens_per_rank, "LL dispatch of " + str(T) +
-                                                   " tokens, more than the buffer's max_tokens_per_rank (" +
-                                                   str(im.options.max_tokens_per_rank) + ")");
+  EPX_REQUIRE(T <= im.options.max_tokens_per_rank, "LL dispatch of " + str(T) +
+                                                       " tokens, more than the buffer's max_tokens_per_rank (" +
+                                                       str(im.options.max_tokens_per_rank) + ")");
   core::check_tensor(args.x, {"x", {ScalarType::bf16}, T, -1, true, 16});
-  require(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
-          "x has hidden " + str(H) + ": it must be a positive multiple of 128, at most the buffer's " +
-              str(im.options.hidden));
+  EPX_REQUIRE(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
+              "x has hidden " + str(H) + ": it must be a positive multiple of 128, at most the buffer's " +
+                  str(im.options.hidden));
   core::check_tensor(args.topk_idx, {"topk_idx", {ScalarType::int64, ScalarType::int32}, T});
   const int64_t K = args.topk_idx.cols;
-  require(K >= 1 && K <= im.options.max_topk,
-          "topk_idx has " + str(K) + " columns; the buffer allows 1 to " + str(im.options.max_topk));
+  EPX_REQUIRE(K >= 1 && K <= im.options.max_topk,
+              "topk_idx has " + str(K) + " columns; the buffer allows 1 to " + str(im.options.max_topk));
   core::check_optional_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, T, K});
-  require(args.use_fp8 || !args.round_scale, "round_scale needs use_fp8");
-  require(args.round_scale || !args.use_ue8m0, "use_ue8m0 needs round_scale (UE8M0 holds powers of two only)");
-  require(!args.use_ue8m0 || H % 512 == 0, "use_ue8m0 needs a hidden size that is a multiple of 512, got " + str(H));
+  EPX_REQUIRE(args.use_fp8 || !args.round_scale, "round_scale needs use_fp8");
+  EPX_REQUIRE(args.round_scale || !args.use_ue8m0, "use_ue8m0 needs round_scale (UE8M0 holds powers of two only)");
+  EPX_REQUIRE(!args.use_ue8m0 || H % 512 == 0,
+              "use_ue8m0 needs a hidden size that is a multiple of 512, got " + str(H));
   const LlDispatchOutputs& out = args.out;
   auto aligned = [](const void* p, std::size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  require(out.x != nullptr && aligned(out.x, 16), "out.x must be a 16-byte aligned device pointer");
-  require(!args.use_fp8 || (out.scales != nullptr && aligned(out.scales, 4)),
-          "out.scales must be a 4-byte aligned device pointer with use_fp8");
-  require(out.recv_count != nullptr && aligned(out.recv_count, 4), "out.recv_count must be a 4-byte aligned pointer");
-  require(out.src_idx != nullptr && aligned(out.src_idx, 4), "out.src_idx must be a 4-byte aligned pointer");
-  require(out.layout_range != nullptr && aligned(out.layout_range, 8),
-          "out.layout_range must be an 8-byte aligned pointer");
-  require(args.cumulative_recv_count == nullptr || aligned(args.cumulative_recv_count, 4),
-          "cumulative_recv_count must be 4-byte aligned");
+  EPX_REQUIRE(out.x != nullptr && aligned(out.x, 16), "out.x must be a 16-byte aligned device pointer");
+  EPX_REQUIRE(!args.use_fp8 || (out.scales != nullptr && aligned(out.scales, 4)),
+              "out.scales must be a 4-byte aligned device pointer with use_fp8");
+  EPX_REQUIRE(out.recv_count != nullptr && aligned(out.recv_count, 4),
+              "out.recv_count must be a 4-byte aligned pointer");
+  EPX_REQUIRE(out.src_idx != nullptr && aligned(out.src_idx, 4), "out.src_idx must be a 4-byte aligned pointer");
+  EPX_REQUIRE(out.layout_range != nullptr && aligned(out.layout_range, 8),
+              "out.layout_range must be an 8-byte aligned pointer");
+  EPX_REQUIRE(args.cumulative_recv_count == nullptr || aligned(args.cumulative_recv_count, 4),
+              "cumulative_recv_count must be 4-byte aligned");
 
   const int64_t groups = args.use_ue8m0 ? H / 512 : H / 128;
   LlScalesLayout scales = out.scales_layout;
@@ -378,28 +381,28 @@ LlCombineResult LlBuffer::combine(const LlCombineArgs& args, const Streams& stre
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
   const LlHandle& h = args.handle;
-  require(h.buffer == this, "LL combine: the handle comes from another LlBuffer (or is empty)");
+  EPX_REQUIRE(h.buffer == this, "LL combine: the handle comes from another LlBuffer (or is empty)");
   const SetState& dispatched = im.dispatch_sets[h.set];
-  require(h.generation == dispatched.generation,
-          "LL combine: the handle is stale: its dispatch buffer set has been reused by a later dispatch "
-          "(a handle lasts until the dispatch two calls after its own)");
-  require(!dispatched.receive_pending, "LL combine: run the dispatch's receive step first (it was send_only)");
+  EPX_REQUIRE(h.generation == dispatched.generation,
+              "LL combine: the handle is stale: its dispatch buffer set has been reused by a later dispatch "
+              "(a handle lasts until the dispatch two calls after its own)");
+  EPX_REQUIRE(!dispatched.receive_pending, "LL combine: run the dispatch's receive step first (it was send_only)");
   const int64_t T = h.num_tokens, K = h.topk, H = h.hidden;
   const int64_t rows = im.E_local() * im.C();
   core::check_tensor(args.y, {"y", {ScalarType::bf16}, -1, H, true, 16});
-  require(args.y.rows >= rows,
-          "y has " + str(args.y.rows) + " rows; combine reads E_local * R * max_tokens = " + str(rows));
+  EPX_REQUIRE(args.y.rows >= rows,
+              "y has " + str(args.y.rows) + " rows; combine reads E_local * R * max_tokens = " + str(rows));
   core::check_tensor(args.out, {"out", {ScalarType::bf16}, T, H, true, 16});
   const bool naive = args.order == LlCombineOrder::naive;
   if (naive) {
-    require(!args.topk_weights.empty(), "LL combine, naive order: topk_weights [T][K] are required");
+    EPX_REQUIRE(!args.topk_weights.empty(), "LL combine, naive order: topk_weights [T][K] are required");
     core::check_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, T, K});
   } else {
-    require(h.has_weights,
-            "LL combine, local order: the expert side sums with the weights given to dispatch, and that dispatch "
-            "had none; pass topk_weights to dispatch, or use LlCombineOrder::naive with the weights here");
-    require(args.topk_weights.empty(),
-            "LL combine, local order: topk_weights are the dispatch's; pass them here only with the naive order");
+    EPX_REQUIRE(h.has_weights,
+                "LL combine, local order: the expert side sums with the weights given to dispatch, and that dispatch "
+                "had none; pass topk_weights to dispatch, or use LlCombineOrder::naive with the weights here");
+    EPX_REQUIRE(args.topk_weights.empty(),
+                "LL combine, local order: topk_weights are the dispatch's; pass them here only with the naive order");
   }
 
   const cudaStream_t stream = im.calls.begin(streams, "LL combine");

@@ -27,9 +27,12 @@ class ScopedRank {
 // Throws epx::Error naming the calling thread's rank.
 [[noreturn]] void fail(ErrorKind kind, const std::string& what);
 
-// Argument checks: `require(cond, "what the caller got wrong")`.
-inline void require(bool condition, const std::string& message) {
-  if (!condition) fail(ErrorKind::invalid_argument, message);
-}
-
 }  // namespace epx::detail
+
+// Argument checks: EPX_REQUIRE(cond, "what the caller got wrong" + details). A macro, so that the
+// message is only built when the check fails: the checks run on every dispatch and combine call, and
+// most messages are made of several strings and numbers.
+#define EPX_REQUIRE(condition, message)                                                 \
+  do {                                                                                  \
+    if (!(condition)) ::epx::detail::fail(::epx::ErrorKind::invalid_argument, message); \
+  } while (0)

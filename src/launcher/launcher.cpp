@@ -123,8 +123,8 @@ std::string encode_unique_id(const UniqueId& id) {
 
 UniqueId decode_unique_id(const std::string& hex) {
   UniqueId id;
-  detail::require(hex.size() == 2 * id.bytes.size(), "a unique id has " + std::to_string(2 * id.bytes.size()) +
-                                                         " hex digits, got " + std::to_string(hex.size()));
+  EPX_REQUIRE(hex.size() == 2 * id.bytes.size(), "a unique id has " + std::to_string(2 * id.bytes.size()) +
+                                                     " hex digits, got " + std::to_string(hex.size()));
   auto nibble = [&](char c) -> int {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -139,17 +139,16 @@ UniqueId decode_unique_id(const std::string& hex) {
 bool read_torchrun_environment(RankInfo& out) {
   if (env("RANK") == nullptr) return false;
   for (const char* name : {"WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
-    detail::require(env(name) != nullptr,
-                    std::string("RANK is set but ") + name +
-                        " is not: set all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT");
+    EPX_REQUIRE(env(name) != nullptr, std::string("RANK is set but ") + name +
+                                          " is not: set all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT");
   }
   out.rank = parse_int("RANK", env("RANK"));
   out.world_size = parse_int("WORLD_SIZE", env("WORLD_SIZE"));
   out.local_rank = parse_int("LOCAL_RANK", env("LOCAL_RANK"));
-  detail::require(out.world_size >= 1 && out.rank < out.world_size,
-                  "RANK=" + std::to_string(out.rank) + " is not below WORLD_SIZE=" + std::to_string(out.world_size));
+  EPX_REQUIRE(out.world_size >= 1 && out.rank < out.world_size,
+              "RANK=" + std::to_string(out.rank) + " is not below WORLD_SIZE=" + std::to_string(out.world_size));
   const int port = parse_int("MASTER_PORT", env("MASTER_PORT"));
-  detail::require(port > 0 && port < 65535, "MASTER_PORT=" + std::to_string(port) + " is not a usable port");
+  EPX_REQUIRE(port > 0 && port < 65535, "MASTER_PORT=" + std::to_string(port) + " is not a usable port");
   if (env("NCCL_COMM_ID") == nullptr) {
     const std::string comm_id = std::string(env("MASTER_ADDR")) + ":" + std::to_string(port + 1);
     setenv("NCCL_COMM_ID", comm_id.c_str(), 1);

@@ -33,9 +33,9 @@ class SingleGpuGroup {
       slots_.push_back(slot);
     }
     Slot& slot = slots_[index];
-    detail::require(slot.slice_bytes == slice, "allocate_symmetric: ranks asked for different sizes (" +
-                                                   std::to_string(slot.slice_bytes) + " and " + std::to_string(slice) +
-                                                   " bytes after rounding); it must be the same on every rank");
+    EPX_REQUIRE(slot.slice_bytes == slice, "allocate_symmetric: ranks asked for different sizes (" +
+                                               std::to_string(slot.slice_bytes) + " and " + std::to_string(slice) +
+                                               " bytes after rounding); it must be the same on every rank");
     SymmetricAllocation allocation;
     for (int r = 0; r < nranks_; ++r) allocation.peers.push_back(static_cast<char*>(slot.base) + slot.slice_bytes * r);
     allocation.release = [this, index] { release(index); };

@@ -15,17 +15,16 @@
 namespace epx {
 
 using detail::check_cuda;
-using detail::require;
 
 namespace {
 
 std::unique_ptr<Team::Impl> new_impl(int rank, int nranks, bool single_gpu, const TeamOptions& options) {
-  require(nranks >= 1 && nranks <= kMaxNvlinkRanks,
-          "a team has 1 to " + std::to_string(kMaxNvlinkRanks) + " ranks, not " + std::to_string(nranks));
-  require(rank >= 0 && rank < nranks,
-          "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(nranks) + ")");
-  require(options.wait_timeout.count() > 0 && options.wait_timeout <= std::chrono::hours(1),
-          "TeamOptions::wait_timeout must be positive and at most an hour");
+  EPX_REQUIRE(nranks >= 1 && nranks <= kMaxNvlinkRanks,
+              "a team has 1 to " + std::to_string(kMaxNvlinkRanks) + " ranks, not " + std::to_string(nranks));
+  EPX_REQUIRE(rank >= 0 && rank < nranks,
+              "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(nranks) + ")");
+  EPX_REQUIRE(options.wait_timeout.count() > 0 && options.wait_timeout <= std::chrono::hours(1),
+              "TeamOptions::wait_timeout must be positive and at most an hour");
   auto impl = std::make_unique<Team::Impl>();
   impl->rank = rank;
   impl->nranks = nranks;
@@ -89,7 +88,7 @@ std::unique_ptr<Team> Team::create_nccl(const UniqueId& id, int rank, int nranks
 }
 
 std::vector<std::unique_ptr<Team>> Team::create_single_gpu(int nranks, const TeamOptions& options) {
-  require(nranks >= 1 && nranks <= kMaxNvlinkRanks, "single-GPU team of " + std::to_string(nranks) + " ranks");
+  EPX_REQUIRE(nranks >= 1 && nranks <= kMaxNvlinkRanks, "single-GPU team of " + std::to_string(nranks) + " ranks");
   auto group = transport::make_single_gpu_group(nranks);
   std::vector<std::unique_ptr<Impl>> impls;
   for (int r = 0; r < nranks; ++r) {
@@ -114,7 +113,7 @@ bool Team::failed() const { return impl_->failed; }
 SymmetricMemory Team::allocate_symmetric(std::size_t bytes) {
   detail::ScopedRank scoped(impl_->rank);
   if (impl_->failed) detail::fail(ErrorKind::invalid_argument, "allocate_symmetric on a failed team");
-  require(bytes > 0, "allocate_symmetric of 0 bytes");
+  EPX_REQUIRE(bytes > 0, "allocate_symmetric of 0 bytes");
   SymmetricAllocation allocation = impl_->backend->allocate(bytes);
   auto backing = std::make_shared<SymmetricMemory::Backing>();
   backing->peers = std::move(allocation.peers);
@@ -148,8 +147,9 @@ SymmetricMemory& SymmetricMemory::operator=(SymmetricMemory&& other) noexcept {
 SymmetricMemory::~SymmetricMemory() = default;
 
 void* SymmetricMemory::peer(int r) const {
-  require(backing_ != nullptr, "SymmetricMemory::peer on an empty SymmetricMemory");
-  require(r >= 0 && r < static_cast<int>(backing_->peers.size()), "SymmetricMemory::peer(" + std::to_string(r) + ")");
+  EPX_REQUIRE(backing_ != nullptr, "SymmetricMemory::peer on an empty SymmetricMemory");
+  EPX_REQUIRE(r >= 0 && r < static_cast<int>(backing_->peers.size()),
+              "SymmetricMemory::peer(" + std::to_string(r) + ")");
   return backing_->peers[r];
 }
 

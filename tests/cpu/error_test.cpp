@@ -23,8 +23,8 @@ TEST(Error, WithoutARankSaysSo) {
 TEST(Error, FailUsesTheThreadsRank) {
   detail::ScopedRank outer(5);
   try {
-    detail::require(false, "hidden size 100 is not a multiple of 128");
-    FAIL() << "require(false) did not throw";
+    EPX_REQUIRE(false, "hidden size 100 is not a multiple of 128");
+    FAIL() << "EPX_REQUIRE(false) did not throw";
   } catch (const Error& e) {
     EXPECT_EQ(e.rank(), 5);
     EXPECT_EQ(e.kind(), ErrorKind::invalid_argument);
