@@ -183,10 +183,12 @@ void HtBuffer::Impl::wait_for_ticket(uint32_t ticket, cudaStream_t stream) {
   std::atomic_thread_fence(std::memory_order_acquire);
 }
 
-HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& config)
-    : impl_(std::make_unique<Impl>(team, options, config)) {
-  detail::ScopedRank scoped(team.rank());
-  const int R = team.size();
+namespace {
+
+// The options no HT buffer can have (the constructor and required_bytes).
+void check_options(const HtBufferOptions& options, int R) {
+  EPX_REQUIRE(R >= 1 && R <= kMaxNvlinkRanks,
+              "an HT buffer needs 1 to " + std::to_string(kMaxNvlinkRanks) + " ranks, got " + std::to_string(R));
   EPX_REQUIRE(options.max_tokens_per_rank >= 1, "HtBufferOptions::max_tokens_per_rank must be >= 1");
   EPX_REQUIRE(options.hidden >= 128 && options.hidden % 128 == 0 && options.hidden <= kh::kMaxHidden,
               "HtBufferOptions::hidden must be a positive multiple of 128 up to " + std::to_string(kh::kMaxHidden) +
@@ -202,6 +204,29 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   EPX_REQUIRE(options.num_experts <= kh::kMaxLayoutExperts, "HtBufferOptions::num_experts is at most " +
                                                                 std::to_string(kh::kMaxLayoutExperts) + ", got " +
                                                                 std::to_string(options.num_experts));
+}
+
+// Device memory private to one rank: the kernels' zeroed words (Impl::Counters, then the layout
+// kernel's scratch), and the combine output with its weights.
+struct PrivateBytes {
+  std::size_t zeroed, combine_out, combine_out_weights;
+  std::size_t total() const { return zeroed + combine_out + combine_out_weights; }
+};
+
+PrivateBytes private_bytes(const HtBufferOptions& options, int R) {
+  const std::size_t T = options.max_tokens_per_rank;
+  return PrivateBytes{
+      sizeof(HtBuffer::Impl::Counters) + kh::layout_scratch_bytes(options.max_tokens_per_rank, R, options.num_experts),
+      T * options.hidden * 2, T * options.max_topk * sizeof(float)};
+}
+
+}  // namespace
+
+HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& config)
+    : impl_(std::make_unique<Impl>(team, options, config)) {
+  detail::ScopedRank scoped(team.rank());
+  const int R = team.size();
+  check_options(options, R);
   check_cuda(cudaDeviceGetAttribute(&impl_->sm_count, cudaDevAttrMultiProcessorCount, team.device()),
              "cudaDeviceGetAttribute");
   impl_->validate_config(config);
@@ -217,20 +242,18 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   impl_->mailbox->failed_rank = -1;
   check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->mailbox_device), mailbox, 0),
              "cudaHostGetDevicePointer");
-  const std::size_t zeroed_bytes =
-      sizeof(Impl::Counters) + kh::layout_scratch_bytes(options.max_tokens_per_rank, R, options.num_experts);
-  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->counters), zeroed_bytes), "cudaMalloc(HT counters)");
+  const PrivateBytes sizes = private_bytes(options, R);
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->counters), sizes.zeroed), "cudaMalloc(HT counters)");
   // On the buffer's stream, waited for below (the handle pool's): a plain cudaMemset runs on the legacy
   // stream, which kernels on non-blocking streams do not wait for.
-  check_cuda(cudaMemsetAsync(impl_->counters, 0, zeroed_bytes, impl_->calls.comm_stream()),
+  check_cuda(cudaMemsetAsync(impl_->counters, 0, sizes.zeroed, impl_->calls.comm_stream()),
              "cudaMemsetAsync(HT CTA counters)");
   impl_->layout_scratch = kh::layout_scratch(impl_->counters + 1, options.max_tokens_per_rank, R, team.impl().view());
-  const std::size_t out_bytes = std::size_t(options.max_tokens_per_rank) * options.hidden * 2;
-  const std::size_t out_weight_bytes = std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float);
-  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out), out_bytes), "cudaMalloc(HT combine output)");
-  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out_weights), out_weight_bytes),
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out), sizes.combine_out),
+             "cudaMalloc(HT combine output)");
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out_weights), sizes.combine_out_weights),
              "cudaMalloc(HT combine weights)");
-  impl_->private_bytes = out_bytes + out_weight_bytes + zeroed_bytes;
+  impl_->private_bytes = sizes.total();
   impl_->handles = std::make_shared<HtHandlePool>(R, options.max_tokens_per_rank, options.num_experts,
                                                   options.handle_blocks, impl_->calls.comm_stream());
   impl_->view = impl_->make_view();
@@ -270,15 +293,8 @@ TensorRef HtBuffer::combine_input_weights(int64_t rows, int64_t topk) const {
 }
 
 std::size_t HtBuffer::required_bytes(const HtBufferOptions& options, int num_ranks) {
-  EPX_REQUIRE(num_ranks >= 1 && num_ranks <= kMaxNvlinkRanks && options.num_experts >= num_ranks &&
-                  options.num_experts % num_ranks == 0 && options.max_tokens_per_rank >= 1 && options.hidden >= 128 &&
-                  options.hidden % 128 == 0 && options.max_topk >= 1,
-              "HtBuffer::required_bytes: options a buffer cannot be made with (" + std::to_string(num_ranks) +
-                  " ranks, " + std::to_string(options.num_experts) + " experts, hidden " +
-                  std::to_string(options.hidden) + ")");
-  return core::ht_areas(options, num_ranks).total + std::size_t(options.max_tokens_per_rank) * options.hidden * 2 +
-         std::size_t(options.max_tokens_per_rank) * options.max_topk * sizeof(float) +
-         kh::layout_scratch_bytes(options.max_tokens_per_rank, num_ranks, options.num_experts);
+  check_options(options, num_ranks);
+  return core::ht_areas(options, num_ranks).total + private_bytes(options, num_ranks).total();
 }
 
 void HtBuffer::check_errors() {
