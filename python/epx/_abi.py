@@ -16,7 +16,6 @@ ABI_VERSION = 1
 
 # epx_dtype (epx::ScalarType)
 BF16, FP8_E4M3, FLOAT32, INT32, INT64, BOOL = range(6)
-DTYPE_NAMES = {BF16: "bf16", FP8_E4M3: "fp8_e4m3", FLOAT32: "float32", INT32: "int32", INT64: "int64", BOOL: "bool"}
 ELEMENT_SIZE = {BF16: 2, FP8_E4M3: 1, FLOAT32: 4, INT32: 4, INT64: 8, BOOL: 1}
 
 LL_COMBINE_LOCAL, LL_COMBINE_NAIVE = 0, 1
@@ -317,13 +316,6 @@ def check(status: int) -> None:
         raise EpxError.from_status(
             status, message or f"epx call failed with status {status}", handle.epx_last_error_rank()
         )
-
-
-def require_positive(**values) -> None:
-    """Sizes the library's sizing functions take on trust (a team of 0 ranks would divide by zero there)."""
-    for name, value in values.items():
-        if int(value) < 1:
-            raise ValueError(f"epx: {name} must be >= 1, got {value}")
 
 
 def call(name: str, *args) -> None:

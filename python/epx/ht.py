@@ -115,14 +115,6 @@ class HtBuffer(BufferBase):
         handle_blocks: int = 4,
     ) -> int:
         """Device bytes per rank of such a buffer (host arithmetic only; no GPU needed)."""
-        _abi.require_positive(
-            num_ranks=num_ranks,
-            max_tokens_per_rank=max_tokens_per_rank,
-            hidden=hidden,
-            max_topk=max_topk,
-            num_experts=num_experts,
-            handle_blocks=handle_blocks,
-        )
         options = ht_options(max_tokens_per_rank, hidden, max_topk, num_experts, handle_blocks)
         return _abi.out_size("epx_ht_required_bytes", ctypes.byref(options), int(num_ranks))
 

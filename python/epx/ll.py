@@ -121,13 +121,6 @@ class LlBuffer(BufferBase):
         num_ranks: int, *, max_tokens_per_rank: int = 128, hidden: int = 7168, max_topk: int = 8, num_experts: int = 256
     ) -> int:
         """Device bytes per rank of such a buffer, before combine_buffer() (host arithmetic only)."""
-        _abi.require_positive(
-            num_ranks=num_ranks,
-            max_tokens_per_rank=max_tokens_per_rank,
-            hidden=hidden,
-            max_topk=max_topk,
-            num_experts=num_experts,
-        )
         options = ll_options(max_tokens_per_rank, hidden, max_topk, num_experts)
         return _abi.out_size("epx_ll_required_bytes", ctypes.byref(options), int(num_ranks))
 
