@@ -12,9 +12,11 @@ using detail::check_cuda;
 CallOrder::CallOrder(Team& team) : team_(team) {
   check_cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   check_cuda(cudaEventCreateWithFlags(&last_call_, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventCreateWithFlags(&caller_ready_, cudaEventDisableTiming), "cudaEventCreate");
 }
 
 CallOrder::~CallOrder() {
+  if (caller_ready_ != nullptr) cudaEventDestroy(caller_ready_);
   if (last_call_ != nullptr) cudaEventDestroy(last_call_);
   if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
 }
@@ -30,14 +32,12 @@ cudaStream_t CallOrder::begin(const Streams& streams, const char* what) {
   cudaStream_t stream = streams.stream;
   if (streams.async) {
     cudaEvent_t ready = streams.previous_event;
-    cudaError_t status = cudaSuccess;
-    if (ready == nullptr) {
-      status = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
-      if (status == cudaSuccess) status = cudaEventRecord(ready, streams.stream);
+    if (ready == nullptr) {  // a wait takes the event as recorded now: one event serves every call
+      ready = caller_ready_;
+      check_cuda(cudaEventRecord(ready, streams.stream), "recording the caller's stream");
     }
-    if (status == cudaSuccess) status = cudaStreamWaitEvent(comm_stream_, ready, 0);
-    if (streams.previous_event == nullptr && ready != nullptr) cudaEventDestroy(ready);
-    check_cuda(status, "ordering the communication stream after the caller's stream");
+    check_cuda(cudaStreamWaitEvent(comm_stream_, ready, 0),
+               "ordering the communication stream after the caller's stream");
     stream = comm_stream_;
   }
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;

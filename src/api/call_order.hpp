@@ -27,14 +27,13 @@ class CallOrder {
   cudaEvent_t end(const Streams& streams, cudaStream_t stream);
   // The buffer's own stream (Streams::async calls run there; set-up work may too).
   cudaStream_t comm_stream() const { return comm_stream_; }
-  // Whether the stream of the current call (the last begin) is being captured into a CUDA graph.
-  bool capturing() const { return capturing_; }
 
  private:
   Team& team_;
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t last_call_ = nullptr;
-  bool capturing_ = false;
+  cudaEvent_t caller_ready_ = nullptr;  // an async call without previous_event: the caller's stream so far
+  bool capturing_ = false;              // the stream of the current call (the last begin) is being captured
 };
 
 }  // namespace epx::api
