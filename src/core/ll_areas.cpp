@@ -10,8 +10,6 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
   LlAreas a;
   a.num_ranks = num_ranks;
   a.max_tokens = o.max_tokens_per_rank;
-  a.hidden = o.hidden;
-  a.max_topk = o.max_topk;
   a.num_experts = o.num_experts;
   a.combine_slots = std::max(num_ranks, o.max_topk);
   a.payload_bytes = std::size_t(o.hidden) * 2;

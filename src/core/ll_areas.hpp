@@ -63,7 +63,7 @@ struct LlHomeToken {
 };
 
 struct LlAreas {
-  int num_ranks = 0, max_tokens = 0, hidden = 0, max_topk = 0, num_experts = 0;
+  int num_ranks = 0, max_tokens = 0, num_experts = 0;
   int combine_slots = 0;          // S = max(R, K_max)
   std::size_t payload_bytes = 0;  // 2 H: a BF16 row; an FP8 row and its scales fit too
 
