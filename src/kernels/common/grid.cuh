@@ -1,4 +1,4 @@
-// Grid-wide steps every kernel family shares: whether the team has failed, and "which CTA finished
+// Grid-wide steps every kernel family shares: waiting for every rank, and "which CTA finished
 // last" (the one that may signal peers once every CTA's stores are done).
 #pragma once
 
@@ -11,11 +11,6 @@
 namespace epx::kernels {
 
 constexpr int kWarp = 32;
-
-// Whether a wait of this rank's team has expired (then its kernels stop and signal nothing more).
-__device__ inline bool team_failed(const transport::TeamView& team) {
-  return transport::load_relaxed_sys(&team.control_of(team.rank)->failed) != 0u;
-}
 
 // The whole CTA waits until wait_for(r) has returned for every rank r; thread r waits for rank r.
 // wait_for(r) is a bounded wait (wait_at_least) that returns false when the team failed. Returns false on

@@ -31,6 +31,11 @@ __device__ inline void report_timeout(const TeamView& team, const WaitSite& site
   atomicExch(&r->complete, 1u);
 }
 
+// Whether a wait of this rank's team has expired (then its kernels stop and signal nothing more).
+__device__ inline bool team_failed(const TeamView& team) {
+  return load_relaxed_sys(&team.control_of(team.rank)->failed) != 0u;
+}
+
 // Spins until *flag >= expected, then returns with acquire semantics (system scope): what the writer
 // published before its release is visible. Returns false, having recorded why, when the team's timeout
 // expires or another wait of this team has already expired. Callers must then stop their work and
@@ -67,7 +72,7 @@ __device__ inline bool wait_at_least(const TeamView& team, const uint64_t* flag,
         }
         return false;
       }
-      if (load_relaxed_sys(&team.control_of(team.rank)->failed) != 0u) return false;
+      if (team_failed(team)) return false;
       if (give_up != nullptr && load_relaxed_sys(give_up) != 0u) return false;
     }
   }
