@@ -247,14 +247,6 @@ void compare_recv(Checker& check, const std::string& what, const ref::LlRecv& go
 
 const char* name(LlCombineOrder order) { return order == LlCombineOrder::local ? "local" : "naive"; }
 
-LlConfig config_for(const LlBenchOptions& o, const Team& team) {
-  if (o.num_sms > 0) return LlConfig{o.num_sms};
-  int sm_count = 0;
-  check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, team.device()),
-             "cudaDeviceGetAttribute");
-  return default_ll_config(team.size(), sm_count, team.is_single_gpu());
-}
-
 class LlBench {
  public:
   LlBench(Team& team, const LlBenchOptions& o)
@@ -264,7 +256,8 @@ class LlBench {
         me_(team.rank()),
         shape_{R_, o.tokens, o.hidden, o.experts / R_, R_ * o.tokens},
         stream_(new_stream()),
-        buffer_(team, LlBufferOptions{o.tokens, o.hidden, o.topk, o.experts}, config_for(o, team)),
+        buffer_(team, LlBufferOptions{o.tokens, o.hidden, o.topk, o.experts},
+                LlConfig{o.num_sms}),  // 0: the buffer resolves the default
         fp8_(buffer_, true),
         bf16_(buffer_, false),
         y_(device_alloc(std::size_t(shape_.local_experts) * shape_.capacity * o.hidden * 2)),
