@@ -5,7 +5,7 @@
 
 Prints each op's time before and after, the change in microseconds and percent, and marks changes
 larger than the threshold (default 2%) as faster or slower. It also says whether the two runs used the
-same device, team size and limits (a comparison across machines means little). Exit status: 0, or 1
+same device and team size (a comparison across machines means little). Exit status: 0, or 1
 when an op got slower than the threshold or was checked in BEFORE and not in AFTER.
 """
 
