@@ -89,6 +89,15 @@ void copy_to_device(void* device, const std::vector<T>& host) {
   copy_host_to_device(device, host.data(), host.size() * sizeof(T));
 }
 
+// A routing table into device memory, as int32 or as the reference's int64.
+inline void copy_topk_to_device(void* device, const ref::Matrix<int64_t>& topk_idx, bool int32) {
+  if (int32) {
+    copy_to_device(device, std::vector<int32_t>(topk_idx.data.begin(), topk_idx.data.end()));
+  } else {
+    copy_to_device(device, topk_idx.data);
+  }
+}
+
 template <typename T>
 void copy_from_device(std::vector<T>& host, const void* device) {
   if (host.empty()) return;
@@ -178,7 +187,6 @@ inline void check_dispatch(const HtCase& c, int rank, const HtDispatchResult& go
   EXPECT_EQ(download<int32_t>(got.num_recv_tokens_per_expert), want.num_recv_tokens_per_expert) << "rank " << rank;
 }
 
-// One rank's dispatch inputs on the device, and the arguments that name them.
 // One rank's dispatch inputs on the device, sized for `max_tokens` tokens. write_inputs puts a case's
 // rows at their front and points `args` at them; the arrays keep their addresses, as a captured graph
 // and a loop of calls without allocations (single-GPU teams, see docs/CONTRIBUTING.md) need.
@@ -204,11 +212,7 @@ inline void write_inputs(const HtCase& c, const ref::HtTokens& in, RankInputs& r
     copy_to_device(r.x->data, in.x_bf16.data);
   }
   copy_to_device(r.scales->data, in.x_scales.data);
-  if (c.int32_idx) {
-    copy_to_device(r.topk->data, std::vector<int32_t>(in.topk_idx.data.begin(), in.topk_idx.data.end()));
-  } else {
-    copy_to_device(r.topk->data, in.topk_idx.data);
-  }
+  copy_topk_to_device(r.topk->data, in.topk_idx, c.int32_idx);
   copy_to_device(r.weights->data, in.topk_weights.data);
   HtDispatchArgs& a = r.args;
   a = HtDispatchArgs{};

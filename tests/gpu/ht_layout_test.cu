@@ -42,9 +42,9 @@ void run_rank(const LayoutCase& c, Team& team, cudaStream_t stream) {
   const ref::ExpertPlacement placement(c.E, c.R);
   const ref::Layout want = ref::compute_layout(idx64, placement);
 
-  std::vector<int32_t> idx32(idx64.data.begin(), idx64.data.end());
-  auto d_idx = c.int32 ? upload(idx32) : upload(idx64.data);
-  const TensorRef topk = TensorRef::matrix(d_idx->data, c.int32 ? ScalarType::int32 : ScalarType::int64, c.T, c.K);
+  DeviceArray d_idx(idx64.data.size() * (c.int32 ? sizeof(int32_t) : sizeof(int64_t)));
+  copy_topk_to_device(d_idx.data, idx64, c.int32);
+  const TensorRef topk = TensorRef::matrix(d_idx.data, c.int32 ? ScalarType::int32 : ScalarType::int64, c.T, c.K);
   DeviceArray per_rank(sizeof(int32_t) * c.R), per_expert(sizeof(int32_t) * c.E), in_rank(std::size_t(c.T) * c.R);
 
   // The buffer holds more tokens than the call: the grid follows the call's tokens, not the buffer's.

@@ -165,11 +165,7 @@ struct LlRankInputs {
 inline void write_ll_inputs(const LlCase& c, const LlExpected& x, int rank, const LlRankInputs& in) {
   const ref::LlTokens& t = x.tokens[rank];
   copy_to_device(in.x->data, t.x.data);
-  if (c.int32_idx) {
-    copy_to_device(in.topk_idx->data, std::vector<int32_t>(t.topk_idx.data.begin(), t.topk_idx.data.end()));
-  } else {
-    copy_to_device(in.topk_idx->data, t.topk_idx.data);
-  }
+  copy_topk_to_device(in.topk_idx->data, t.topk_idx, c.int32_idx);
   copy_to_device(in.dispatch_weights->data, t.topk_weights.data);
   copy_to_device(in.combine_weights->data, x.combine_weights[rank].data);
   copy_to_device(in.y->data, x.y[rank].data);
