@@ -324,10 +324,10 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
   std::printf("\nLL, %d rank(s): %d tokens per rank (= T_max), hidden %d, top-%d of %d experts, %d SMs\n", ll.ranks,
               ll.tokens, ll.hidden, ll.topk, ll.experts, ll.rows.empty() ? 0 : ll.rows.front().sms);
   std::printf(
-      "LL buffer %.1f MiB per rank (target <= %zu MiB: %s); one-way flag latency %.2f us, empty graph kernel "
+      "LL buffer %.1f MiB per rank (target <= %zu MB: %s); one-way flag latency %.2f us, empty graph kernel "
       "%.2f us\n",
-      mib, kLlBufferTargetBytes >> 20, ll.buffer_bytes <= kLlBufferTargetBytes ? "met" : "MISSED", l.flag_latency_us,
-      l.empty_graph_kernel_us);
+      mib, kLlBufferTargetBytes / 1000000, ll.buffer_bytes <= kLlBufferTargetBytes ? "met" : "MISSED",
+      l.flag_latency_us, l.empty_graph_kernel_us);
   std::printf("time: the slowest rank's median of %d graph replays (one call each); GB/s per rank and direction\n",
               ll.replays);
   std::printf("%-16s %-6s %-6s %9s %7s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag", "NVLink GB/s",

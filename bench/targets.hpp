@@ -39,8 +39,9 @@ inline Target ht_target(int ranks, bool default_shape, const std::string& op, co
   return {};
 }
 
-// The LL communication memory the LL issue allows per rank at the default shape (<= 64 MB).
-inline constexpr std::size_t kLlBufferTargetBytes = std::size_t(64) << 20;
+// The LL communication memory the LL issue allows per rank at the default shape (<= 64 MB, decimal: the
+// stricter reading).
+inline constexpr std::size_t kLlBufferTargetBytes = std::size_t(64) * 1000 * 1000;
 
 inline Target ll_target(int ranks, bool default_shape, const std::string& op, const std::string& dtype,
                         const std::string& order) {

@@ -29,7 +29,7 @@ TEST(BenchTargets, LlTargetsAtTheirTeamSizesOnly) {
   EXPECT_FALSE(ll_target(2, true, "combine", "bf16", "naive").any());
   EXPECT_FALSE(ll_target(4, true, "dispatch", "fp8", "").any());
   EXPECT_FALSE(ll_target(8, false, "dispatch", "fp8", "").any());
-  EXPECT_EQ(kLlBufferTargetBytes, std::size_t(64) << 20);
+  EXPECT_EQ(kLlBufferTargetBytes, std::size_t(64) * 1000 * 1000);
 }
 
 TEST(BenchTargets, MetAndText) {
