@@ -7,6 +7,7 @@ needs it raises TorchRequired with what to do.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 from . import _abi
@@ -29,9 +30,11 @@ def torch():
     return _torch
 
 
-def dtype_code(dtype, name: str) -> int:
+@functools.cache
+def _dtype_codes() -> dict:
+    """torch dtype -> epx_dtype, made once (dispatch and combine convert several tensors per call)."""
     t = torch()
-    codes = {
+    return {
         t.bfloat16: _abi.BF16,
         t.float8_e4m3fn: _abi.FP8_E4M3,
         t.float32: _abi.FLOAT32,
@@ -39,6 +42,15 @@ def dtype_code(dtype, name: str) -> int:
         t.int64: _abi.INT64,
         t.bool: _abi.BOOL,
     }
+
+
+@functools.cache
+def _torch_dtypes() -> dict:
+    return {code: dtype for dtype, code in _dtype_codes().items()}
+
+
+def dtype_code(dtype, name: str) -> int:
+    codes = _dtype_codes()
     if dtype not in codes:
         raise TypeError(
             f"epx: {name} has dtype {dtype}; epx takes bfloat16, float8_e4m3fn, float32, int32, int64, bool"
@@ -47,15 +59,7 @@ def dtype_code(dtype, name: str) -> int:
 
 
 def torch_dtype(code: int):
-    t = torch()
-    return {
-        _abi.BF16: t.bfloat16,
-        _abi.FP8_E4M3: t.float8_e4m3fn,
-        _abi.FLOAT32: t.float32,
-        _abi.INT32: t.int32,
-        _abi.INT64: t.int64,
-        _abi.BOOL: t.bool,
-    }[code]
+    return _torch_dtypes()[code]
 
 
 def check_device(tensor, name: str, device: Optional[int]) -> None:

@@ -363,16 +363,12 @@ class Buffer:
         return per_rank, None, per_expert, in_rank, EventOverlap(s.finish((topk_idx, per_rank, per_expert, in_rank)))
 
     def _torch_layout(self, s: CallStreams, topk_idx, num_experts: int):
-        t = torch()
-        with t.cuda.stream(s.call):
-            layout = layout_of(topk_idx, num_experts, self._require_team().size)
-        outputs = []
-        for tensor in layout:  # owned by the allocation stream, as DeepEP's outputs
-            out = s.empty(tensor.shape, tensor.dtype, self._team.device)
-            with t.cuda.stream(s.call):
-                out.copy_(tensor)
-            outputs.append(out)
-        return outputs
+        team = self._require_team()
+        with torch().cuda.stream(s.call):
+            layout = layout_of(topk_idx, num_experts, team.size)
+        if s.alloc is s.call:
+            return list(layout)
+        return [s.copy(tensor, team.device) for tensor in layout]  # owned by the allocation stream, as DeepEP's
 
     def dispatch(
         self,
