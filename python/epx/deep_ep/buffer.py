@@ -32,7 +32,6 @@ from .utils import EventOverlap
 # and the top-k get_low_latency_rdma_size_hint assumes (its arguments have none; DeepSeek-V3's is 8).
 LL_DEFAULT_TOPK = 8
 HT_DEFAULT_TOPK = 8
-_HT_MAX_TOPK = 32  # HtBufferOptions::max_topk's bound
 _LL_MAX_TOPK = 16  # LlBufferOptions::max_topk's bound
 
 
@@ -191,11 +190,7 @@ class Buffer:
             raise ValueError(f"epx: num_ranks must be >= 1, got {num_ranks}")
         return Config(Buffer.num_sms)
 
-    @staticmethod
-    def get_combine_config(num_ranks: int) -> Config:
-        if _int(num_ranks, "num_ranks") < 1:
-            raise ValueError(f"epx: num_ranks must be >= 1, got {num_ranks}")
-        return Config(Buffer.num_sms)
+    get_combine_config = get_dispatch_config  # the same Config serves both
 
     # ---- state ---------------------------------------------------------------------------------------
     def get_comm_stream(self):
@@ -268,7 +263,7 @@ class Buffer:
         team = self._require_team()
         if current is not None and num_experts == current.num_experts:
             hidden, topk = max(hidden, current.hidden), max(topk, current.max_topk)
-        topk = max(topk, min(HT_DEFAULT_TOPK, _HT_MAX_TOPK))
+        topk = max(topk, HT_DEFAULT_TOPK)
         tokens = self._ht_tokens_within(team.size, hidden, topk, num_experts)
         if tokens < 1:
             need = HtBuffer.required_bytes(
