@@ -110,13 +110,7 @@ kh::LayoutArgs HtBuffer::Impl::layout_args(const TensorRef& topk_idx, const kh::
 }
 
 void HtBuffer::Impl::validate_config(const HtConfig& c) const {
-  EPX_REQUIRE(c.num_sms >= 1 && c.num_sms <= 1024,
-              "HtConfig::num_sms must be in [1, 1024], got " + std::to_string(c.num_sms));
-  // On one GPU the ranks' CTAs wait for each other, so all of them must be resident at once.
-  EPX_REQUIRE(!team.is_single_gpu() || c.num_sms * team.size() <= sm_count,
-              "HtConfig::num_sms = " + std::to_string(c.num_sms) + " on a single-GPU team of " +
-                  std::to_string(team.size()) + " ranks needs " + std::to_string(c.num_sms * team.size()) +
-                  " resident CTAs; this GPU has " + std::to_string(sm_count) + " SMs");
+  core::check_num_sms("HtConfig::num_sms", c.num_sms, team.size(), team.is_single_gpu(), sm_count);
 }
 
 // Errors that kernels recorded without the host waiting for them (HostMailbox's sticky fields).

@@ -93,12 +93,7 @@ struct LlBuffer::Impl {
 LlConfig LlBuffer::Impl::resolve(const LlConfig& requested) const {
   const LlConfig c =
       requested.num_sms == 0 ? default_ll_config(team.size(), sm_count, team.is_single_gpu()) : requested;
-  EPX_REQUIRE(c.num_sms >= 1 && c.num_sms <= 1024, "LlConfig::num_sms must be in [1, 1024], got " + str(c.num_sms));
-  // On one GPU the ranks' CTAs wait for each other, so all of them must be resident at once.
-  EPX_REQUIRE(!team.is_single_gpu() || c.num_sms * team.size() <= sm_count,
-              "LlConfig::num_sms = " + str(c.num_sms) + " on a single-GPU team of " + str(team.size()) +
-                  " ranks needs " + str(c.num_sms * team.size()) + " resident CTAs; this GPU has " + str(sm_count) +
-                  " SMs");
+  core::check_num_sms("LlConfig::num_sms", c.num_sms, team.size(), team.is_single_gpu(), sm_count);
   return c;
 }
 
