@@ -534,9 +534,7 @@ epx_status epx_ll_combine(epx_ll_buffer* buffer, const epx_ll_combine_args* args
 }
 
 epx_status epx_ll_receive_run(epx_ll_receive* receive) {
-  return guarded([&] {
-    deref(receive, "receive").step();
-  });
+  return guarded([&] { deref(receive, "receive").step(); });
 }
 
 epx_status epx_ll_receive_release(epx_ll_receive* receive) { return destroy(receive); }
