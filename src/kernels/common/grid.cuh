@@ -12,6 +12,13 @@ namespace epx::kernels {
 
 constexpr int kWarp = 32;
 
+// Programmatic dependent launch: a kernel launched after another with programmatic stream
+// serialization may start once every CTA of the one before has called allow_dependent_launch (or
+// exited); before it reads anything that kernel wrote, it calls wait_for_prior_grid, which returns once
+// that kernel has completed and its writes are visible. Without such a launch both return at once.
+__device__ inline void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ inline void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // Whether a wait of this rank's team has expired (then its kernels stop and signal nothing more).
 __device__ inline bool team_failed(const transport::TeamView& team) {
   return transport::load_relaxed_sys(&team.control_of(team.rank)->failed) != 0u;
