@@ -399,7 +399,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
                                      handle != fresh.get()};
   kh::launch_dispatch(kh::DispatchArgs{view, handle->view(), tokens, counts, &im.counters->dispatch_blocks_done,
                                        &im.counters->counts_ready},
-                      im.config.num_sms, stream);
+                      im.config.num_sms, handle == fresh.get(), stream);
   handle->mark_use(stream);
 
   HtDispatchResult result;

@@ -12,6 +12,13 @@ namespace epx::kernels {
 
 constexpr int kWarp = 32;
 
+// Programmatic dependent launch: a kernel launched after another with programmatic stream
+// serialization may start once every CTA of the one before has called allow_dependent_launch (or
+// exited); before it reads anything that kernel wrote, it calls wait_for_prior_grid, which returns once
+// that kernel has completed and its writes are visible. Without such a launch both return at once.
+__device__ inline void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ inline void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // The whole CTA waits until wait_for(r) has returned for every rank r; thread r waits for rank r.
 // wait_for(r) is a bounded wait (wait_at_least) that returns false when the team failed. Returns false on
 // every thread when a wait did.

@@ -91,6 +91,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
     mbarrier_expect_bytes(&loaded[warp][0], row_bytes);
     bulk_load(stages, row_of(0), row_bytes, &loaded[warp][0]);
   }
+  wait_for_prior_grid();  // the layout kernel's outputs (launch_dispatch: after_layout)
   if (blockIdx.x == 0) {
     exchange_counts(a, seq);
     __syncthreads();
@@ -185,11 +186,22 @@ void prepare_kernels() {
   load_combine_kernel();
 }
 
-void launch_dispatch(const DispatchArgs& args, int num_blocks, cudaStream_t stream) {
+void launch_dispatch(const DispatchArgs& args, int num_blocks, bool after_layout, cudaStream_t stream) {
   const std::size_t per_warp = std::size_t(kStages) * args.tokens.x_row_bytes;
   const int warps = int(std::max<std::size_t>(1, std::min<std::size_t>(kMaxWarps, kStageBudget / per_warp)));
-  dispatch_kernel<<<num_blocks, warps * kWarp, warps * per_warp, stream>>>(args);
-  detail::check_launch("HT dispatch_kernel");
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(num_blocks);
+  config.blockDim = dim3(warps * kWarp);
+  config.dynamicSmemBytes = warps * per_warp;
+  config.stream = stream;
+  // Only behind our own layout kernel, which writes nothing the kernel reads before wait_for_prior_grid:
+  // behind a caller's kernel, the first row loads could read x before that kernel has written it.
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = after_layout ? 1 : 0;
+  detail::check_cuda(cudaLaunchKernelEx(&config, dispatch_kernel, args), "launching HT dispatch_kernel");
 }
 
 }  // namespace epx::kernels::ht

@@ -80,7 +80,10 @@ struct DispatchArgs {
 };
 // One dispatch: CTA 0 exchanges the counts (or, cached, the handshake), then every CTA writes its rows
 // into their receivers' final place and signals; the last CTA waits for every source's rows.
-void launch_dispatch(const DispatchArgs& args, int num_blocks, cudaStream_t stream);
+// after_layout: the kernel just before it on the stream is the layout kernel of this dispatch; the
+// dispatch then starts while the layout runs (programmatic dependent launch) and waits for its
+// outputs after loading its first rows.
+void launch_dispatch(const DispatchArgs& args, int num_blocks, bool after_layout, cudaStream_t stream);
 
 struct CombineArgs {
   BufferView buffer;

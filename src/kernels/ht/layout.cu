@@ -68,6 +68,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   const int R = a.num_ranks, E = a.num_experts, experts_per_rank = E / R;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   LayoutState* state = a.scratch.state;
+  allow_dependent_launch();  // the dispatch kernel after it may start now (see launch_dispatch)
   if (threadIdx.x == 0) {
     call_of_cta = transport::load_acquire_sys(&state->calls) + 1;  // read before the tile is taken
     tile_of_cta = uint32_t(atomicAdd(&state->tiles_taken, 1ull));
