@@ -1,7 +1,8 @@
 // Hopper's bulk copy engine (TMA, non-tensor form): one thread moves a whole row between global and
 // shared memory, so a few warps keep many bytes in flight without spending registers on them.
 //
-//   load:  global -> shared, completes on an mbarrier (the waiter asks for the barrier's phase parity);
+//   load:  global -> shared (local or a peer's NVLink address), completes on an mbarrier (the waiter asks for the
+//   barrier's phase parity);
 //          one mbarrier_expect_bytes per phase announces the bytes of all loads of that phase.
 //   store: shared -> global (local or a peer's NVLink address), tracked in bulk groups: wait_read<N>
 //          until at most N committed groups still read shared memory (then it may be rewritten);
@@ -75,6 +76,10 @@ __device__ __forceinline__ void bulk_store(void* global_dst, const void* smem_sr
 // copy engine's next accesses to the same memory.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// Orders this thread's earlier generic-proxy accesses to global memory (an acquire of a flag that
+// publishes rows) before its later bulk copies, and its completed bulk copies before its later accesses.
+__device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 template <int N>
@@ -86,7 +91,7 @@ __device__ __forceinline__ void bulk_wait_read() {
 // (the flag releases that publish the rows).
 __device__ __forceinline__ void bulk_wait_all() {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  asm volatile("fence.proxy.async.global;" ::: "memory");
+  fence_async_global();
 }
 
 }  // namespace epx::kernels

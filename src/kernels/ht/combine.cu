@@ -4,19 +4,34 @@
 // then + float(bias[t])), plain float adds in that order (bit-equal to the reference); the weights
 // likewise. Rank r's row of token t is send_begin[r] + send_pos[t][r] (the dispatch's layout).
 //
+// Data path: the copy engine (bulk loads, bulk_copy.cuh) pulls the rows, so the bytes in flight are
+// bounded by shared memory, not by registers. A row is cut into pieces of kPieceBytes. Each warp owns
+// kSlots piece buffers and walks its pieces in the order they are added: its tokens in turn, each
+// token chunk by chunk, the ranks holding a row ascending within a chunk. Lane 0 keeps the next
+// kSlots - 1 pieces loading; the lanes add each piece from shared memory as it lands, and after a
+// chunk's last rank they write that chunk of out[t].
+//
 // Protocol (flags of core::HtFlag):
 //   * Every CTA computes seq = sequence[kCombineReady] + 1; the last CTA to finish stores it, after
 //     all CTAs have read the old value.
 //   * CTA 0 adds 1 to flag[kCombineReady][me] on every rank (release): "my combine input is complete"
 //     (the caller wrote it, or the library copied it, earlier on this stream).
-//   * Every CTA waits (acquire) until its own flag[kCombineReady][r] >= seq for every r, then reads.
-//   * Completion: each CTA fences and adds to a private counter; the last one adds 1 to
-//     flag[kCombineDone][me] on every rank ("I have finished reading your input"), then waits until
-//     its own flag[kCombineDone][r] >= seq for every r. So when the kernel ends, nobody reads this
-//     rank's combine input any more, and the caller may write the next one in stream order.
+//   * Every CTA waits (acquire) until its own flag[kCombineReady][r] >= seq for every r, then lane 0
+//     of each warp orders that acquire before its bulk loads (proxy fence) and starts them.
+//   * Piece buffers: piece k of a warp goes to slot k % kSlots and completes phase (k / kSlots) & 1 of
+//     that slot's mbarrier (lane 0 announces the bytes, the copy engine completes them; every lane
+//     waits, bounded). Lane 0 reloads a slot only after __syncwarp has followed every lane's reads of
+//     its previous piece, and a proxy fence orders those reads before the copy engine's writes.
+//   * Completion: each CTA fences and adds to a private counter once every piece it started has
+//     landed; the last one adds 1 to flag[kCombineDone][me] on every rank ("I have finished reading
+//     your input"), then waits until its own flag[kCombineDone][r] >= seq for every r. So when the
+//     kernel ends, nobody reads this rank's combine input any more, and the caller may write the next
+//     one in stream order. (A warp whose wait expired stops with loads possibly in flight; its team
+//     has failed then, and signals nothing.)
 #include <cuda_bf16.h>
 
 #include "core/cuda_check.hpp"
+#include "kernels/common/bulk_copy.cuh"
 #include "kernels/ht/copy.cuh"
 #include "kernels/ht/launch.hpp"
 #include "kernels/ht/protocol.cuh"
@@ -25,11 +40,39 @@
 namespace epx::kernels::ht {
 namespace {
 
-constexpr int kThreads = 1024;  // 32 warps: many remote loads in flight per SM
-constexpr int kWarpsPerCta = kThreads / kWarp;
-constexpr int kUnroll = 2;         // vectors per lane and rank loaded before they are added
-constexpr int kRanksInFlight = 2;  // ranks whose loads are in flight together (64 registers)
+constexpr int kWarpsPerCta = 16;
+constexpr int kThreads = kWarpsPerCta * kWarp;
+constexpr int kPieceBytes = 2048;                                 // one rank's row of one token, cut
+constexpr int kVectorsPerLane = kPieceBytes / 16 / kWarp;         // 16-byte vectors a lane adds per piece
+constexpr int kSlots = 6;                                         // piece buffers per warp
+constexpr int kStageBytes = kWarpsPerCta * kSlots * kPieceBytes;  // 192 KiB of dynamic shared memory
 constexpr int kMaxRanks = kMaxNvlinkRanks;
+
+// The ranks holding a row of one token, ascending, and those rows.
+struct TokenRows {
+  int32_t rank[kMaxRanks];
+  int32_t row[kMaxRanks];
+};
+
+// The whole warp fills `out` for token t and returns how many ranks hold a row of it.
+__device__ int gather_rows(const CombineArgs& a, int R, int64_t t, TokenRows& out) {
+  const int lane = threadIdx.x % kWarp;
+  __syncwarp();  // every lane has finished with the previous contents
+  int n = 0;
+  for (int base = 0; base < R; base += kWarp) {
+    const int r = base + lane;
+    const int32_t pos = r < R ? a.handle.send_pos[t * R + r] : -1;
+    const uint32_t present = __ballot_sync(0xffffffffu, pos >= 0);
+    if (pos >= 0) {
+      const int at = n + __popc(present & ((1u << lane) - 1u));
+      out.rank[at] = r;
+      out.row[at] = a.handle.send_begin[r] + pos;
+    }
+    n += __popc(present);
+  }
+  __syncwarp();
+  return n;
+}
 
 __device__ void accumulate(float (&acc)[8], const int4& v) {
   const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -41,79 +84,134 @@ __device__ void accumulate(float (&acc)[8], const int4& v) {
   }
 }
 
-__device__ int4 load_any(const int4* p) { return *p; }  // a remote row may be written by its owner: no .nc
+// A warp's tokens are first, first + stride, ... (count of them).
+struct WarpTokens {
+  int first, stride, count;
+  __device__ WarpTokens(int num_tokens, int warp)
+      : first(blockIdx.x * kWarpsPerCta + warp),
+        stride(gridDim.x * kWarpsPerCta),
+        count(first < num_tokens ? (num_tokens - first + stride - 1) / stride : 0) {}
+  __device__ int64_t token(int i) const { return first + int64_t(i) * stride; }
+};
 
-__global__ void __launch_bounds__(kThreads) combine_pull_kernel(CombineArgs a) {
+// The next piece a warp loads: its token i (rows gathered in `rows`, n of them), chunk, and which of
+// the token's ranks. Every lane holds the same copy; lane 0 starts the loads.
+struct PieceLoader {
+  const CombineArgs& a;
+  const WarpTokens& tokens;
+  TokenRows& rows;
+  uint8_t* slots;
+  uint64_t* landed;  // [kSlots] mbarriers
+  int R, row_bytes, chunks;
+  int i = 0, n = 0, chunk = 0, index = 0;
+  uint32_t started = 0;  // pieces started so far (piece k goes to slot k % kSlots)
+
+  // Moves to the first token from i on that some rank holds a row of (i == count: none left).
+  __device__ void find_token() {
+    for (; i < tokens.count; ++i) {
+      n = gather_rows(a, R, tokens.token(i), rows);
+      if (n > 0) return;
+    }
+  }
+
+  __device__ void start_next() {
+    if (i >= tokens.count) return;
+    if (threadIdx.x % kWarp == 0) {
+      const int slot = int(started % kSlots);
+      const int offset = chunk * kPieceBytes;
+      const int bytes = min(kPieceBytes, row_bytes - offset);
+      const uint8_t* src = a.buffer.at<uint8_t>(rows.rank[index], a.buffer.combine_input) +
+                           int64_t(rows.row[index]) * row_bytes + offset;
+      fence_async_shared();  // the lanes' reads of the slot's previous piece come first
+      mbarrier_expect_bytes(&landed[slot], uint32_t(bytes));
+      bulk_load(slots + slot * kPieceBytes, src, uint32_t(bytes), &landed[slot]);
+    }
+    ++started;
+    if (++index < n) return;
+    index = 0;
+    if (++chunk < chunks) return;
+    chunk = 0;
+    ++i;
+    find_token();
+  }
+};
+
+__global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a) {
   const BufferView& b = a.buffer;
   const int R = b.team.nranks, me = b.team.rank;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  extern __shared__ __align__(128) uint8_t stage_memory[];  // [warp][slot][kPieceBytes]
+  __shared__ uint64_t landed_of[kWarpsPerCta][kSlots];      // mbarriers: a slot's piece has landed
+  __shared__ TokenRows loading_of[kWarpsPerCta];            // the rows of the token being loaded
+  __shared__ TokenRows adding_of[kWarpsPerCta];             // the rows of the token being added
+  uint64_t* landed = landed_of[warp];
   uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kCombineReady;
   const uint64_t seq = *sequence + 1;
+  if (lane == 0) {
+    for (int s = 0; s < kSlots; ++s) mbarrier_init(&landed[s], 1);
+  }
   if (blockIdx.x == 0) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) transport::add_release_sys(b.flag(r, core::kCombineReady, me), 1);
   }
-  const bool ready = wait_for_every_rank(b, core::kCombineReady, seq, transport::WaitPhase::ht_combine_ready);
+  bool ok = wait_for_every_rank(b, core::kCombineReady, seq, transport::WaitPhase::ht_combine_ready);
+  if (lane == 0) fence_async_global();  // the acquire above, before this lane's bulk loads
 
-  __shared__ int32_t rows_of[kWarpsPerCta][kMaxRanks];
-  int32_t* rows = rows_of[warp];
   const int row_bytes = 2 * a.hidden;
-  const int vectors = row_bytes / 16;  // 8 bf16 per 16-byte vector
-  for (int t = blockIdx.x * kWarpsPerCta + warp; ready && t < a.num_tokens; t += gridDim.x * kWarpsPerCta) {
-    for (int r = lane; r < R; r += kWarp) {
-      const int32_t pos = a.handle.send_pos[int64_t(t) * R + r];
-      rows[r] = pos < 0 ? -1 : a.handle.send_begin[r] + pos;
-    }
-    __syncwarp();
-    for (int base = 0; base < vectors; base += kWarp * kUnroll) {
-      float acc[kUnroll][8] = {};
-      // Ranks in groups of kRanksInFlight: every load of a group is issued before the first is added
-      // (a local row and a remote one wait together), then they are added in ascending rank order.
-      for (int group = 0; group < R; group += kRanksInFlight) {
-        int4 v[kRanksInFlight][kUnroll];
+  const int chunks = (row_bytes + kPieceBytes - 1) / kPieceBytes;
+  const WarpTokens tokens(a.num_tokens, warp);
+  PieceLoader loader{a,      tokens, loading_of[warp], stage_memory + warp * kSlots * kPieceBytes,
+                     landed, R,      row_bytes,        chunks};
+  TokenRows& rows = adding_of[warp];
+  if (ok) {
+    loader.find_token();
+    for (int k = 0; k < kSlots - 1; ++k) loader.start_next();
+  }
+  uint32_t added = 0;  // pieces added so far
+  for (int i = 0; ok && i < tokens.count; ++i) {
+    const int64_t t = tokens.token(i);
+    const int n = gather_rows(a, R, t, rows);
+    for (int chunk = 0; ok && chunk < chunks; ++chunk) {
+      const int vectors = min(kPieceBytes, row_bytes - chunk * kPieceBytes) / 16;
+      float acc[kVectorsPerLane][8] = {};
+      for (int j = 0; j < n; ++j, ++added) {
+        __syncwarp();         // every lane has read the previous piece: its slot may be reloaded
+        loader.start_next();  // piece added + kSlots - 1, into that slot
+        const int slot = int(added % kSlots);
+        ok = __all_sync(0xffffffffu,
+                        mbarrier_wait(b.team, &landed[slot], (added / kSlots) & 1u,
+                                      transport::WaitSite{transport::WaitPhase::ht_bulk_load, me, uint32_t(t)}));
+        if (!ok) break;
+        const int4* piece = reinterpret_cast<const int4*>(loader.slots + slot * kPieceBytes);
 #pragma unroll
-        for (int g = 0; g < kRanksInFlight; ++g) {
-          const int r = group + g;
-          if (r >= R || rows[r] < 0) continue;
-          const int4* row =
-              reinterpret_cast<const int4*>(b.at<uint8_t>(r, b.combine_input) + int64_t(rows[r]) * row_bytes);
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-            const int j = base + u * kWarp + lane;
-            if (j < vectors) v[g][u] = load_any(row + j);
-          }
-        }
-#pragma unroll
-        for (int g = 0; g < kRanksInFlight; ++g) {
-          const int r = group + g;
-          if (r >= R || rows[r] < 0) continue;
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-            if (base + u * kWarp + lane < vectors) accumulate(acc[u], v[g][u]);
-          }
+        for (int u = 0; u < kVectorsPerLane; ++u) {
+          const int v = u * kWarp + lane;
+          if (v < vectors) accumulate(acc[u], piece[v]);
         }
       }
+      if (!ok) break;
+      const int64_t first_vector = int64_t(chunk) * (kPieceBytes / 16);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int j = base + u * kWarp + lane;
-        if (j >= vectors) continue;
+      for (int u = 0; u < kVectorsPerLane; ++u) {
+        const int v = u * kWarp + lane;
+        if (v >= vectors) continue;
         if (a.bias != nullptr) {
-          accumulate(acc[u], load_stream(reinterpret_cast<const int4*>(a.bias + int64_t(t) * a.bias_row_stride) + j));
+          accumulate(acc[u],
+                     load_stream(reinterpret_cast<const int4*>(a.bias + t * a.bias_row_stride) + first_vector + v));
         }
         int4 packed;
         __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&packed);
 #pragma unroll
         for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(acc[u][2 * q], acc[u][2 * q + 1]);
-        reinterpret_cast<int4*>(a.out + int64_t(t) * a.hidden)[j] = packed;
+        reinterpret_cast<int4*>(a.out + t * a.hidden)[first_vector + v] = packed;
       }
     }
-    if (a.out_weights != nullptr && lane < a.topk) {
+    if (ok && a.out_weights != nullptr && lane < a.topk) {
       float w = 0.0f;
-      for (int r = 0; r < R; ++r) {
-        if (rows[r] >= 0) w = w + b.at<float>(r, b.combine_input_weights)[int64_t(rows[r]) * a.topk + lane];
+      for (int j = 0; j < n; ++j) {
+        w = w + b.at<float>(rows.rank[j], b.combine_input_weights)[int64_t(rows.row[j]) * a.topk + lane];
       }
-      a.out_weights[int64_t(t) * a.topk + lane] = w;
+      a.out_weights[t * a.topk + lane] = w;
     }
-    __syncwarp();  // rows[] is rewritten for the next token
   }
 
   if (last_cta_signals(b, core::kCombineDone, a.blocks_done, [&] { *sequence = seq; })) {
@@ -124,11 +222,13 @@ __global__ void __launch_bounds__(kThreads) combine_pull_kernel(CombineArgs a) {
 }  // namespace
 
 void launch_combine(const CombineArgs& args, int num_blocks, cudaStream_t stream) {
-  combine_pull_kernel<<<num_blocks, kThreads, 0, stream>>>(args);
+  combine_pull_kernel<<<num_blocks, kThreads, kStageBytes, stream>>>(args);
   detail::check_launch("ht combine_pull_kernel");
 }
 
 void load_combine_kernel() {
+  detail::allow_dynamic_shared_memory(reinterpret_cast<const void*>(combine_pull_kernel), kStageBytes,
+                                      "cudaFuncSetAttribute(HT combine_pull_kernel)");
   detail::load_kernel(reinterpret_cast<const void*>(combine_pull_kernel), "HT combine kernel");
 }
 

@@ -29,7 +29,7 @@ enum class WaitPhase : uint32_t {
   ht_dispatch_done,  // HT dispatch: waiting for a source's rows
   ht_combine_ready,  // HT combine: waiting for a home rank to free its landing area
   ht_combine_done,   // HT combine: waiting for an expert side's rows
-  ht_bulk_load,      // HT dispatch: waiting for the copy engine to load a row (detail: token)
+  ht_bulk_load,      // HT dispatch and combine: waiting for the copy engine to load a row (detail: token)
   ll_dispatch_recv,  // LL dispatch: waiting for a source's tokens (detail: buffer set)
   ll_combine_recv,   // LL combine: waiting for an expert side's rows (detail: buffer set)
   ll_set_reuse,      // LL: waiting for a peer to finish reading a buffer set before writing it again
