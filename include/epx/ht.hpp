@@ -117,9 +117,10 @@ class EPX_API HtBuffer {
   HtDispatchResult dispatch(const HtDispatchArgs& args, const HtStreams& streams);
   HtCombineResult combine(const HtCombineArgs& args, const HtStreams& streams);
 
-  // Where combine reads y from: [rows][hidden] bf16 (and [rows][topk] float32 weights) in the
-  // buffer's symmetric memory. A caller that writes y here (say, as its expert GEMM's output) and
-  // passes this view as HtCombineArgs::y saves combine a copy; any other y is copied here first.
+  // Where the other ranks' combines read y from: [rows][hidden] bf16 (and [rows][topk] float32
+  // weights) in the buffer's symmetric memory. A caller that writes y here (say, as its expert GEMM's
+  // output) and passes this view as HtCombineArgs::y saves combine a copy; of any other y, the rows
+  // that other ranks read are copied here first (this rank's own rows are read where they are).
   // Write it only after the previous combine on this buffer, in stream order (that combine ends once
   // every rank has finished reading it).
   TensorRef combine_input(int64_t rows, int64_t hidden) const;

@@ -438,8 +438,9 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   EPX_REQUIRE(handle.pool() == im.handles.get(), "the combine handle comes from another HtBuffer");
   const int64_t H = args.y.cols;
   core::check_tensor(args.y, {"y", {ScalarType::bf16}, -1, -1, true, 16});
-  const char* in_place = static_cast<const char*>(im.memory.local()) + im.areas.combine_input;
-  EPX_REQUIRE(args.y.data != in_place || args.y.row_stride == H,
+  const char* base = static_cast<const char*>(im.memory.local());
+  const bool y_in_place = args.y.data == base + im.areas.combine_input;
+  EPX_REQUIRE(!y_in_place || args.y.row_stride == H,
               "y is the buffer's combine input, so it must be the dense view combine_input() returned");
   EPX_REQUIRE(args.y.rows >= handle.num_rows, "y has " + std::to_string(args.y.rows) + " rows; the dispatch returned " +
                                                   std::to_string(handle.num_rows));
@@ -447,42 +448,35 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
               "y has hidden " + std::to_string(H) + ": it must be a positive multiple of 128, at most the buffer's " +
                   std::to_string(im.options.hidden));
   core::check_optional_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, args.y.rows, handle.topk});
+  const bool weights = !args.topk_weights.empty();
+  const bool weights_in_place = weights && args.topk_weights.data == base + im.areas.combine_input_weights;
+  EPX_REQUIRE(!weights_in_place || args.topk_weights.row_stride == handle.topk,
+              "topk_weights is the buffer's combine input, so it must be the dense view combine_input_weights() "
+              "returned");
   core::check_optional_tensor(args.bias, {"bias", {ScalarType::bf16}, handle.num_tokens, H, true, 16});
 
   const cudaStream_t stream = im.calls.begin(streams, "HT");
-  // Combine reads y (and the weights) from the buffer's combine input; copy them there unless the
-  // caller already wrote them in place (combine_input()).
-  char* base = static_cast<char*>(im.memory.local());
-  const int64_t rows = handle.num_rows;
-  char* input = base + im.areas.combine_input;
-  if (args.y.data != input && rows > 0) {
-    // A dense y is one linear copy (faster than the strided form).
-    const cudaError_t copied =
-        args.y.row_stride == H
-            ? cudaMemcpyAsync(input, args.y.data, std::size_t(rows) * H * 2, cudaMemcpyDeviceToDevice, stream)
-            : cudaMemcpy2DAsync(input, H * 2, args.y.data, args.y.row_stride * 2, H * 2, rows, cudaMemcpyDeviceToDevice,
-                                stream);
-    check_cuda(copied, "copying y into the combine input");
-  }
-  char* input_weights = base + im.areas.combine_input_weights;
-  const bool weights = !args.topk_weights.empty();
-  if (weights && args.topk_weights.data != input_weights && rows > 0) {
-    check_cuda(
-        cudaMemcpy2DAsync(input_weights, handle.topk * 4, args.topk_weights.data, args.topk_weights.row_stride * 4,
-                          handle.topk * 4, rows, cudaMemcpyDeviceToDevice, stream),
-        "cudaMemcpy2DAsync(weights into the combine input)");
-  }
   kh::CombineArgs c{};
   c.buffer = im.view;
   c.handle = handle.view();
+  c.y = static_cast<const uint16_t*>(args.y.data);
+  c.y_row_stride = args.y.row_stride;
+  c.weights = static_cast<const float*>(args.topk_weights.data);
+  c.weights_row_stride = args.topk_weights.row_stride;
   c.bias = static_cast<const uint16_t*>(args.bias.data);
   c.bias_row_stride = args.bias.row_stride;
   c.out = im.combine_out;
   c.out_weights = weights ? im.combine_out_weights : nullptr;
+  c.num_rows = handle.num_rows;
   c.num_tokens = handle.num_tokens;
   c.topk = handle.topk;
   c.hidden = int32_t(H);
   c.blocks_done = &im.counters->combine_blocks_done;
+  // The peers read y (and the weights) from the buffer's combine input: copy the rows they read there,
+  // unless the caller already wrote them in place (combine_input()).
+  if ((!y_in_place || (weights && !weights_in_place)) && handle.num_rows > 0) {
+    kh::launch_stage_combine_input(c, !y_in_place, weights && !weights_in_place, 2 * im.sm_count, stream);
+  }
   kh::launch_combine(c, im.config.num_sms, stream);
   handle.mark_use(stream);
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -119,6 +120,15 @@ struct DeviceArray {
 template <typename T>
 std::unique_ptr<DeviceArray> upload(const std::vector<T>& v) {
   return std::make_unique<DeviceArray>(v.size() * sizeof(T), v.data());
+}
+
+// The rows of a dense [rows][cols] array, each followed by stride - cols zeros (a strided tensor's memory).
+template <typename T>
+std::vector<T> with_row_stride(const std::vector<T>& dense, int64_t cols, int64_t stride) {
+  const int64_t rows = cols == 0 ? 0 : int64_t(dense.size()) / cols;
+  std::vector<T> out(std::size_t(rows * stride), T{});
+  for (int64_t i = 0; i < rows; ++i) std::copy_n(dense.begin() + i * cols, cols, out.begin() + i * stride);
+  return out;
 }
 
 template <typename T>

@@ -62,13 +62,16 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   ASSERT_EQ(again.num_recv_tokens, N);
   check_dispatch(c, rank, again, want, N);
 
-  // 4. Combine with weights and bias, through the exact form's handle.
-  auto d_y = upload(x.y[rank].y.data);
-  auto d_yw = upload(x.y[rank].topk_weights.data);
+  // 4. Combine with weights and bias, through the exact form's handle; y and the weights strided (rows
+  //    with padding), so neither the copy of the rows the peers read nor the kernel's reads of this
+  //    rank's own rows in place can assume dense rows.
+  const int64_t y_stride = c.H + 64, w_stride = c.K + 3;
+  auto d_y = upload(with_row_stride(x.y[rank].y.data, c.H, y_stride));
+  auto d_yw = upload(with_row_stride(x.y[rank].topk_weights.data, c.K, w_stride));
   auto d_bias = upload(x.bias[rank].data);
   HtCombineArgs combine;
-  combine.y = TensorRef::matrix(d_y->data, ScalarType::bf16, N, c.H);
-  combine.topk_weights = TensorRef::matrix(d_yw->data, ScalarType::float32, N, c.K);
+  combine.y = TensorRef{d_y->data, ScalarType::bf16, N, c.H, y_stride, 1};
+  combine.topk_weights = TensorRef{d_yw->data, ScalarType::float32, N, c.K, w_stride, 1};
   combine.bias = TensorRef::matrix(d_bias->data, ScalarType::bf16, c.T, c.H);
   combine.handle = exact.handle;
   const HtCombineResult out = buffer.combine(combine, on);
@@ -80,11 +83,12 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   poison(out.x, stream);
   const TensorRef in_place = buffer.combine_input(N, c.H);
   const TensorRef in_place_weights = buffer.combine_input_weights(N, c.K);
-  ASSERT_EQ(cudaMemcpyAsync(in_place.data, d_y->data, std::size_t(N) * c.H * 2, cudaMemcpyDeviceToDevice, stream),
-            cudaSuccess);
   ASSERT_EQ(
-      cudaMemcpyAsync(in_place_weights.data, d_yw->data, std::size_t(N) * c.K * 4, cudaMemcpyDeviceToDevice, stream),
+      cudaMemcpy2DAsync(in_place.data, c.H * 2, d_y->data, y_stride * 2, c.H * 2, N, cudaMemcpyDeviceToDevice, stream),
       cudaSuccess);
+  ASSERT_EQ(cudaMemcpy2DAsync(in_place_weights.data, c.K * 4, d_yw->data, w_stride * 4, c.K * 4, N,
+                              cudaMemcpyDeviceToDevice, stream),
+            cudaSuccess);
   combine.y = in_place;
   combine.topk_weights = in_place_weights;
   const HtCombineResult zero_copy = buffer.combine(combine, on);

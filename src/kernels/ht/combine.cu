@@ -1,5 +1,6 @@
 // HT combine, pull form: each home rank reads, for each of its tokens, the rows that the ranks which
-// received the token hold in their combine input (over NVLink; its own rows locally), and reduces them
+// received the token hold in their combine input (over NVLink; its own rows from the caller's y, which
+// combine_input.cu does not copy), and reduces them
 // in one pass: out[t] = bf16(sum over r ascending with send_pos[t][r] >= 0 of float(row of t on r),
 // then + float(bias[t])), plain float adds in that order (bit-equal to the reference); the weights
 // likewise. Rank r's row of token t is send_begin[r] + send_pos[t][r] (the dispatch's layout).
@@ -120,8 +121,11 @@ struct PieceLoader {
       const int slot = int(started % kSlots);
       const int offset = chunk * kPieceBytes;
       const int bytes = min(kPieceBytes, row_bytes - offset);
-      const uint8_t* src = a.buffer.at<uint8_t>(rows.rank[index], a.buffer.combine_input) +
-                           int64_t(rows.row[index]) * row_bytes + offset;
+      const int r = rows.rank[index];
+      const int64_t row = rows.row[index];
+      const uint8_t* src = r == a.buffer.team.rank
+                               ? reinterpret_cast<const uint8_t*>(a.y + row * a.y_row_stride) + offset
+                               : a.buffer.at<uint8_t>(r, a.buffer.combine_input) + row * row_bytes + offset;
       fence_async_shared();  // the lanes' reads of the slot's previous piece come first
       mbarrier_expect_bytes(&landed[slot], uint32_t(bytes));
       bulk_load(slots + slot * kPieceBytes, src, uint32_t(bytes), &landed[slot]);
@@ -208,7 +212,9 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
     if (ok && a.out_weights != nullptr && lane < a.topk) {
       float w = 0.0f;
       for (int j = 0; j < n; ++j) {
-        w = w + b.at<float>(rows.rank[j], b.combine_input_weights)[int64_t(rows.row[j]) * a.topk + lane];
+        const int64_t row = rows.row[j];
+        w = w + (rows.rank[j] == me ? a.weights[row * a.weights_row_stride + lane]
+                                    : b.at<float>(rows.rank[j], b.combine_input_weights)[row * a.topk + lane]);
       }
       a.out_weights[t * a.topk + lane] = w;
     }

@@ -184,6 +184,7 @@ void prepare_kernels() {
                                       "cudaFuncSetAttribute(HT dispatch_kernel)");
   load_layout_kernel();
   load_combine_kernel();
+  load_stage_combine_input_kernel();
 }
 
 void launch_dispatch(const DispatchArgs& args, int num_blocks, bool after_layout, cudaStream_t stream) {

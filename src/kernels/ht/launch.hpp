@@ -49,6 +49,7 @@ struct LayoutArgs {
 void prepare_kernels();
 void load_layout_kernel();
 void load_combine_kernel();
+void load_stage_combine_input_kernel();
 
 // The largest hidden size: a BF16 row must fit the dispatch kernel's shared-memory stages.
 constexpr int kMaxHidden = 16384;
@@ -88,15 +89,25 @@ void launch_dispatch(const DispatchArgs& args, int num_blocks, bool after_layout
 struct CombineArgs {
   BufferView buffer;
   HandleView handle;
+  const uint16_t* y;  // the caller's y [num_rows][H] (or the combine input itself): this rank's own rows
+  int64_t y_row_stride;
+  const float* weights;  // the caller's weights [num_rows][K] (or the combine input's); null with out_weights
+  int64_t weights_row_stride;
   const uint16_t* bias;  // [T][H] or null
   int64_t bias_row_stride;
   uint16_t* out;       // [T][H]
   float* out_weights;  // [T][K] or null (then no weights are read)
+  int64_t num_rows;    // rows of y: N, or num_worst_tokens
   int32_t num_tokens, topk, hidden;
   uint32_t* blocks_done;
 };
+// Copies the rows that other ranks will read, those from sources s != me (recv_begin), of y into the
+// combine input (copy_y) and of the weights into the combine input's weights (copy_weights). This
+// rank's own rows stay where the caller has them: the combine kernel reads them there.
+void launch_stage_combine_input(const CombineArgs& args, bool copy_y, bool copy_weights, int num_blocks,
+                                cudaStream_t stream);
 // Every home rank pulls its tokens' rows from the ranks' combine inputs (which hold y and the
-// weights, row for received row) and reduces them.
+// weights, row for received row; its own rows from args.y and args.weights) and reduces them.
 void launch_combine(const CombineArgs& args, int num_blocks, cudaStream_t stream);
 
 }  // namespace epx::kernels::ht
