@@ -49,4 +49,21 @@ __device__ inline bool last_cta_done(uint32_t* blocks_done) {
   return last;
 }
 
+// Called by every thread of every CTA once its own stores are issued (see last_cta_done). The last CTA's
+// thread 0 calls signal(), unless the team has failed: a failed team signals nothing (its stores may be
+// incomplete, and its peers then time out themselves instead of taking them as finished). Returns true
+// on every thread of the last CTA when it signalled.
+template <typename Signal>
+__device__ bool signal_when_last(const transport::TeamView& team, uint32_t* blocks_done, Signal signal) {
+  __shared__ bool signalled;
+  const bool failed = threadIdx.x == 0 && team_failed(team);  // loaded early: hidden behind the fences
+  if (!last_cta_done(blocks_done)) return false;              // the same answer on every thread of a CTA
+  if (threadIdx.x == 0) {
+    signalled = !failed;
+    if (signalled) signal();
+  }
+  __syncthreads();
+  return signalled;
+}
+
 }  // namespace epx::kernels

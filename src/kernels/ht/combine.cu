@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
     }
   }
 
-  if (last_cta_signals(b, core::kCombineDone, a.blocks_done, [&] { *sequence = seq; })) {
+  if (last_cta_signals(b, core::kCombineDone, a.blocks_done, sequence, seq)) {
     wait_for_every_rank(b, core::kCombineDone, seq, transport::WaitPhase::ht_combine_done);
   }
 }

@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
 
   // A team that failed (a wait of this rank expired) signals nothing: its rows may be incomplete, and
   // the peers then time out themselves instead of taking them as a finished dispatch.
-  if (!last_cta_signals(b, core::kDispatchDone, a.blocks_done, [&] { *sequence = seq; })) return;
+  if (!last_cta_signals(b, core::kDispatchDone, a.blocks_done, sequence, seq)) return;
   wait_for_every_rank(b, core::kDispatchDone, seq, transport::WaitPhase::ht_dispatch_done);
 }
 

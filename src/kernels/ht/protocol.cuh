@@ -19,23 +19,16 @@ __device__ inline bool wait_for_every_rank(const BufferView& b, int kind, uint64
   });
 }
 
-// Called by every thread of every CTA once its own stores are issued (see last_cta_done). The last
-// CTA's thread 0 runs `before_signal`, then adds 1 to flag[kind][me] on every rank (release). Returns
-// true on every thread of the last CTA, unless the team has failed: a failed team signals nothing.
-template <typename BeforeSignal>
-__device__ bool last_cta_signals(const BufferView& b, int kind, uint32_t* blocks_done, BeforeSignal before_signal) {
-  __shared__ bool signalled;
-  const bool failed = threadIdx.x == 0 && team_failed(b.team);  // loaded early: hidden behind the fences
-  if (!last_cta_done(blocks_done)) return false;                // the same answer on every thread of a CTA
-  if (threadIdx.x == 0) {
-    before_signal();
-    signalled = !failed;
-    for (int r = 0; signalled && r < b.team.nranks; ++r) {
-      transport::add_release_sys(b.flag(r, kind, b.team.rank), 1);
-    }
-  }
-  __syncthreads();
-  return signalled;
+// Called by every thread of every CTA once its own stores are issued (signal_when_last). The last
+// CTA's thread 0 stores sequence = seq (every CTA has read the old value by then), then adds 1 to
+// flag[kind][me] on every rank (release). Returns true on every thread of the last CTA, unless the
+// team has failed: a failed team signals nothing.
+__device__ inline bool last_cta_signals(const BufferView& b, int kind, uint32_t* blocks_done, uint64_t* sequence,
+                                        uint64_t seq) {
+  return signal_when_last(b.team, blocks_done, [&] {
+    *sequence = seq;
+    for (int r = 0; r < b.team.nranks; ++r) transport::add_release_sys(b.flag(r, kind, b.team.rank), 1);
+  });
 }
 
 }  // namespace epx::kernels::ht

@@ -90,13 +90,13 @@ __device__ inline bool wait_every_peer(const LlView& v, int op, int set, uint64_
 template <typename Before>
 __device__ void last_cta_signals(const LlView& v, uint32_t* blocks_done, const bool* masked, int kind, int op, int set,
                                  uint64_t seq, Before before) {
-  const bool failed = threadIdx.x == 0 && team_failed(v.team);  // loaded early: hidden behind the fences
-  if (!last_cta_done(blocks_done) || threadIdx.x != 0 || failed) return;
-  for (int r = 0; r < v.team.nranks; ++r) {
-    if (masked[r]) continue;
-    before(r);
-    transport::store_release_sys(v.flag(r, kind, op, set, v.team.rank), seq);
-  }
+  signal_when_last(v.team, blocks_done, [&] {
+    for (int r = 0; r < v.team.nranks; ++r) {
+      if (masked[r]) continue;
+      before(r);
+      transport::store_release_sys(v.flag(r, kind, op, set, v.team.rank), seq);
+    }
+  });
 }
 
 }  // namespace epx::kernels::ll
