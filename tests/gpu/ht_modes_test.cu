@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "gpu_test_env.hpp"
 #include "ht_fixture.hpp"
 #include "single_gpu_ranks.hpp"
@@ -113,13 +114,7 @@ TEST_P(HtModes, WorstCaseCapturedInAGraphAndReplayed) {
 // Bad arguments are refused before anything is launched, with a message naming them; an invalid expert
 // id (found on the device) fails the dispatch on every rank, naming the rank, token and slot.
 void expect_refused(const std::function<void()>& call, const std::string& words) {
-  try {
-    call();
-    ADD_FAILURE() << "accepted; expected an error mentioning '" << words << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::invalid_argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-  }
+  expect_error(ErrorKind::invalid_argument, {words}, call);
 }
 
 TEST(HtValidation, BadArgumentsAndInvalidExpertIds) {
@@ -167,15 +162,8 @@ TEST(HtTimeout, AbsentPeerIsNamed) {
     RankInputs in = upload_inputs(kCase, expected[0].tokens[team.rank()]);
     HtBuffer buffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, kCase.E});
     if (team.rank() == 1) return;  // rank 1 is "dead"
-    try {
-      buffer.dispatch(in.args, HtStreams{stream});
-      ADD_FAILURE() << "a dispatch without its peer returned";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::timeout) << e.what();
-      const std::string what = e.what();
-      EXPECT_NE(what.find("HT dispatch count exchange"), std::string::npos) << what;
-      EXPECT_NE(what.find("waiting for rank 1"), std::string::npos) << what;
-    }
+    expect_error(ErrorKind::timeout, {"HT dispatch count exchange", "waiting for rank 1"},
+                 [&] { buffer.dispatch(in.args, HtStreams{stream}); });
     EXPECT_TRUE(team.failed());
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   });
