@@ -447,14 +447,19 @@ inline LlExpected ll_masked_expected(const LlCase& c, int R, uint32_t seed, cons
   return x;
 }
 
-// One dispatch and one combine per order on this rank, with `in` holding `want`'s inputs, checked
-// against `want` (this rank's outputs only). Nothing is allocated or freed here: on a single-GPU team a
+// One dispatch (its handle checked too) and one combine per order on this rank, with `in` holding `want`'s inputs,
+// checked against `want` (this rank's outputs only). Nothing is allocated or freed here: on a single-GPU team a
 // cudaFree waits for every kernel of the GPU, other ranks' included, which may be waiting for this rank.
 inline void ll_exchange_and_check(const LlCase& c, const LlExpected& want, LlBuffer& buffer, int rank,
                                   const LlRankInputs& in, const LlOutputs& out, cudaStream_t stream) {
   poison_ll_outputs(out, stream);
   const LlDispatchResult d = buffer.dispatch(ll_dispatch_args(c, in, out), Streams{stream});
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(d.handle.buffer, &buffer) << "rank " << rank;
+  EXPECT_EQ(d.handle.num_tokens, c.T) << "rank " << rank;
+  EXPECT_EQ(d.handle.topk, c.K) << "rank " << rank;
+  EXPECT_EQ(d.handle.hidden, c.H) << "rank " << rank;
+  EXPECT_EQ(d.handle.has_weights, c.dispatch_weights) << "rank " << rank;
   check_ll_dispatch(c, want, rank, out);
   for (const LlCombineOrder order : ll_orders(c)) {
     poison(out.out, stream);

@@ -25,23 +25,8 @@ void run_rank(const LlCase& c, const LlExpected& x, Team& team, cudaStream_t str
   const LlRankInputs in = upload_ll_inputs(c, x, rank);
   const LlOutputs out = allocate_ll_outputs(c, x, buffer);
   for (int round = 0; round < 2; ++round) {  // the second dispatch and combine use the other buffer set
-    poison_ll_outputs(out, stream);
-    const LlDispatchResult d = buffer.dispatch(ll_dispatch_args(c, in, out), Streams{stream});
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    buffer.check_errors();
-    EXPECT_EQ(d.handle.buffer, &buffer) << "rank " << rank;
-    EXPECT_EQ(d.handle.num_tokens, c.T) << "rank " << rank;
-    EXPECT_EQ(d.handle.topk, c.K) << "rank " << rank;
-    EXPECT_EQ(d.handle.hidden, c.H) << "rank " << rank;
-    EXPECT_EQ(d.handle.has_weights, c.dispatch_weights) << "rank " << rank;
-    check_ll_dispatch(c, x, rank, out);
-    for (const LlCombineOrder order : ll_orders(c)) {
-      poison(out.out, stream);
-      buffer.combine(ll_combine_args(c, x, in, out, d.handle, order), Streams{stream});
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      buffer.check_errors();
-      check_ll_combine(c, x, rank, out, order);
-    }
+    ll_exchange_and_check(c, x, buffer, rank, in, out, stream);
+    buffer.check_errors();  // what a kernel recorded stays until reported
   }
 }
 
