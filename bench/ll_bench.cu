@@ -286,7 +286,7 @@ class LlBench {
     const std::vector<uint16_t> got_local = download_out(LlCombineOrder::local);
     const std::vector<uint16_t> got_naive = download_out(LlCombineOrder::naive);
 
-    traffic_ = count_traffic(mine.topk_idx);
+    traffic_ = count_traffic(mine);
     Checker check(me_, "LL");
     const ref::ExpertPlacement placement(o_.experts, R_);
     std::vector<ref::LlTokens> tokens;
@@ -469,19 +469,15 @@ class LlBench {
     return got;
   }
 
-  Traffic count_traffic(const ref::TopkIdx& topk_idx) const {
-    const ref::ExpertPlacement placement(o_.experts, R_);
+  // This rank's remote messages and slots: the reference's dedup messages to other ranks.
+  Traffic count_traffic(const Routing& mine) const {
     Traffic t;
     t.hidden = o_.hidden;
-    for (int64_t token = 0; token < topk_idx.rows; ++token) {
-      std::vector<bool> to_rank(R_, false);
-      for (int64_t k = 0; k < topk_idx.cols; ++k) {
-        const int64_t e = topk_idx.at(token, k);
-        if (e < 0 || placement.rank_of(e) == me_) continue;
-        ++t.remote_slots;
-        to_rank[placement.rank_of(e)] = true;
-      }
-      t.remote_messages += std::count(to_rank.begin(), to_rank.end(), true);
+    const ref::ExpertPlacement placement(o_.experts, R_);
+    for (const ref::LlMessage& m : ref::ll_messages(mine.topk_idx, mine.weights, me_, placement)) {
+      if (m.dst_rank == me_) continue;
+      ++t.remote_messages;
+      t.remote_slots += int64_t(m.experts.size());
     }
     return t;
   }
