@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "core/area_cursor.hpp"
 #include "core/cuda_check.hpp"
 
 namespace epx {
@@ -12,12 +13,8 @@ namespace {
 
 // Lays the arrays of a HandleView out in one block (each 16-byte aligned); returns the bytes needed.
 std::size_t lay_out(int R, int max_tokens, int E, char* base, kernels::ht::HandleView* view) {
-  std::size_t cursor = 0;
-  auto take = [&](std::size_t bytes) {
-    const std::size_t at = (cursor + 15) / 16 * 16;
-    cursor = at + bytes;
-    return base + at;
-  };
+  core::AreaCursor cursor(16);
+  auto take = [&](std::size_t bytes) { return base + cursor.take(bytes); };
   kernels::ht::HandleView v{};
   v.send_pos = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * std::size_t(max_tokens) * R));
   v.send_begin = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * R));
@@ -29,7 +26,7 @@ std::size_t lay_out(int R, int max_tokens, int E, char* base, kernels::ht::Handl
   v.status = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
   v.input_error = reinterpret_cast<kernels::ht::InputError*>(take(sizeof(kernels::ht::InputError)));
   if (view != nullptr) *view = v;
-  return cursor;
+  return cursor.end();
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// Lays arrays out one after another in one allocation, each on a 128-byte boundary (so rows can be
-// moved with 16-byte vectors and no two arrays share a cache line).
+// Lays arrays out one after another in one allocation, each on an `align`-byte boundary: by default 128
+// (so rows can be moved with 16-byte vectors and no two arrays share a cache line).
 #pragma once
 
 #include <cstddef>
@@ -8,7 +8,7 @@ namespace epx::core {
 
 class AreaCursor {
  public:
-  static constexpr std::size_t kAlign = 128;
+  explicit AreaCursor(std::size_t align = 128) : align_(align) {}
 
   // The offset of a new array of `bytes`.
   std::size_t take(std::size_t bytes) {
@@ -20,7 +20,8 @@ class AreaCursor {
   std::size_t end() const { return round_up(cursor_); }
 
  private:
-  static std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+  std::size_t round_up(std::size_t n) const { return (n + align_ - 1) / align_ * align_; }
+  std::size_t align_;
   std::size_t cursor_ = 0;
 };
 
