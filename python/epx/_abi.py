@@ -7,10 +7,11 @@ with the library's epx_struct_size(). Keep the field order of the header.
 from __future__ import annotations
 
 import ctypes
+import functools
 from ctypes import POINTER, Structure, c_char, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint64, c_void_p
 
 from . import _loader
-from .errors import EpxError
+from .errors import EpxError, EpxInvalidArgument
 
 ABI_VERSION = 1
 
@@ -21,7 +22,41 @@ ELEMENT_SIZE = {BF16: 2, FP8_E4M3: 1, FLOAT32: 4, INT32: 4, INT64: 8, BOOL: 1}
 LL_COMBINE_LOCAL, LL_COMBINE_NAIVE = 0, 1
 
 
-class Tensor(Structure):
+# The range of each integer field type: ctypes would store anything else wrapped, without a word.
+_INT_RANGES = {
+    c_int32: (-(2**31), 2**31 - 1),
+    c_int64: (-(2**63), 2**63 - 1),
+    c_size_t: (0, 2 ** (8 * ctypes.sizeof(c_size_t)) - 1),
+    c_uint64: (0, 2**64 - 1),
+}
+
+
+def _require_fits(what: str, ctype, value) -> None:
+    """Raises EpxInvalidArgument when `value` is an integer that a C `ctype` cannot hold."""
+    bounds = _INT_RANGES.get(ctype)
+    if bounds is not None and isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
+        raise EpxInvalidArgument(
+            f"epx: {what} = {value} is out of range: it must be in [{bounds[0]}, {bounds[1]}]",
+            "invalid_argument",
+            -1,
+            1,
+        )
+
+
+@functools.cache
+def _field_types(cls) -> dict:
+    return dict(cls._fields_)
+
+
+class Checked(Structure):
+    """A struct that refuses an integer a field cannot hold, where ctypes would wrap it."""
+
+    def __setattr__(self, name, value):
+        _require_fits(name, _field_types(type(self)).get(name), value)
+        super().__setattr__(name, value)
+
+
+class Tensor(Checked):
     _fields_ = [
         ("data", c_void_p),
         ("dtype", c_int32),
@@ -32,7 +67,7 @@ class Tensor(Structure):
     ]
 
 
-class Sized(Structure):
+class Sized(Checked):
     """A struct whose first field is struct_size, set to its own size when made."""
 
     def __init__(self, **fields):
@@ -319,7 +354,10 @@ def check(status: int) -> None:
 
 
 def call(name: str, *args) -> None:
-    check(getattr(lib(), name)(*args))
+    fn = getattr(lib(), name)
+    for i, (value, ctype) in enumerate(zip(args, fn.argtypes)):
+        _require_fits(f"argument {i + 1} of {name}", ctype, value)
+    check(fn(*args))
 
 
 def out_int(name: str, *args) -> int:

@@ -44,11 +44,11 @@ class BufferBase(NativeObject):
     _prefix = ""
     _comm_stream = None
 
-    def _create(self, team, options, max_tokens_per_rank, hidden, max_topk, num_experts) -> None:
+    def _create(self, team, options) -> None:
         """Collective: makes the native buffer from `options` (the ABI struct) and keeps its shape."""
         self.team = team
-        self.max_tokens_per_rank, self.hidden, self.max_topk = max_tokens_per_rank, hidden, max_topk
-        self.num_experts = num_experts
+        self.max_tokens_per_rank, self.hidden = options.max_tokens_per_rank, options.hidden
+        self.max_topk, self.num_experts = options.max_topk, options.num_experts
         native = ctypes.c_void_p()
         _abi.call(f"{self._prefix}_buffer_create", team._require(), ctypes.byref(options), ctypes.byref(native))
         self._native = native.value

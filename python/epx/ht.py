@@ -102,7 +102,7 @@ class HtBuffer(BufferBase):
         num_sms: int = 0,
     ):
         options = ht_options(max_tokens_per_rank, hidden, max_topk, num_experts, handle_blocks, num_sms)
-        self._create(team, options, max_tokens_per_rank, hidden, max_topk, num_experts)
+        self._create(team, options)
 
     @staticmethod
     def required_bytes(

@@ -111,7 +111,7 @@ class LlBuffer(BufferBase):
     ):
         options = ll_options(max_tokens_per_rank, hidden, max_topk, num_experts, num_sms, mask_on_timeout)
         self.mask_on_timeout = bool(mask_on_timeout)
-        self._create(team, options, max_tokens_per_rank, hidden, max_topk, num_experts)
+        self._create(team, options)
         self.num_local_experts = num_experts // team.size
         self.rows_per_expert = team.size * max_tokens_per_rank  # C
         self._checked_sizes = set()

@@ -39,6 +39,17 @@ def test_null_arguments_are_refused_with_a_message():
     assert lib.epx_last_error() == b"epx: out is a null pointer"
 
 
+def test_an_integer_a_field_cannot_hold_is_refused_not_wrapped():
+    # ctypes alone would store 2**32 + 128 in an int32 field as 128, a valid size.
+    with pytest.raises(epx.EpxInvalidArgument, match="max_tokens_per_rank = 4294967424 is out of range"):
+        epx.HtBuffer.required_bytes(2, max_tokens_per_rank=2**32 + 128)
+    with pytest.raises(epx.EpxInvalidArgument, match="rows"):
+        _abi.Tensor(rows=2**63)
+    with pytest.raises(epx.EpxInvalidArgument, match="argument 1 of epx_ht_default_num_sms"):
+        epx.HtBuffer.default_num_sms(2**32 + 2)
+    assert _abi.HtOptions(max_tokens_per_rank=2**31 - 1).max_tokens_per_rank == 2**31 - 1
+
+
 def test_a_struct_from_a_newer_header_is_refused():
     options = _abi.HtOptions()
     options.struct_size = ctypes.sizeof(options) + 8
