@@ -21,11 +21,11 @@ using detail::check_cuda;
 namespace kh = kernels::ht;
 
 // 16 CTAs for every rank count: the SM budget, and within it the fastest of the num_sms sweeps
-// (8..32 SMs, "ht_tuning" in bench/results/, 9a69a22). EP=2 (nvidia-h200-x2.json): dispatch BF16 is
-// fastest at 16 (354, 252, 203, 241, 221, 207 us); the zero-copy combine gains up to 20 SMs (217 us at
-// 16, 194 at 20, 191 at 32). EP=4 (nvidia-h200-x4.json): the combine is fastest at 16 and slower with
-// more; dispatch is 8-9% faster at 32. Callers that can spare SMs raise it with set_config. EP=8 is not
-// measured yet.
+// (8..32 SMs, "ht_tuning" in bench/results/, 9a69a22). EP=2 (nvidia-h200-x2-2026-11-22-9a69a22.json):
+// dispatch BF16 is fastest at 16 (354, 252, 203, 241, 221, 207 us); the zero-copy combine gains up to
+// 20 SMs (217 us at 16, 194 at 20, 191 at 32). EP=4 (nvidia-h200-x4.json): the combine is fastest at 16
+// and slower with more; dispatch is 8-9% faster at 32. Callers that can spare SMs raise it with
+// set_config. EP=8 is not measured yet.
 HtConfig default_ht_config(int /*num_ranks*/) {
   HtConfig config;
   config.num_sms = 16;
