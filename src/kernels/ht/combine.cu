@@ -43,7 +43,7 @@ namespace {
 
 constexpr int kWarpsPerCta = 16;
 constexpr int kThreads = kWarpsPerCta * kWarp;
-constexpr int kPieceBytes = 2048;                                 // one rank's row of one token, cut
+constexpr int kPieceBytes = 2048;                                 // a piece: this much of one rank's row
 constexpr int kVectorsPerLane = kPieceBytes / 16 / kWarp;         // 16-byte vectors a lane adds per piece
 constexpr int kSlots = 6;                                         // piece buffers per warp
 constexpr int kStageBytes = kWarpsPerCta * kSlots * kPieceBytes;  // 192 KiB of dynamic shared memory
@@ -115,6 +115,8 @@ struct PieceLoader {
     }
   }
 
+  // Lane 0 starts loading the next piece into slot started % kSlots (whose previous piece every lane
+  // has added: see the protocol); then every lane moves on to the piece after it.
   __device__ void start_next() {
     if (i >= tokens.count) return;
     if (threadIdx.x % kWarp == 0) {
