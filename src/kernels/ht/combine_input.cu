@@ -20,8 +20,8 @@ __global__ void __launch_bounds__(kThreads) stage_combine_input_kernel(CombineAr
   // Bounded by the rows of y, whatever the handle holds.
   const int64_t n = min(int64_t(a.handle.recv_begin[R]), a.num_rows);
   const int64_t own_first = min(int64_t(a.handle.recv_begin[me]), n);
-  const int64_t own_rows = min(int64_t(a.handle.recv_begin[me + 1]), n) - own_first;
-  const int64_t shared_rows = n - max(own_rows, int64_t(0));
+  const int64_t own_rows = max(min(int64_t(a.handle.recv_begin[me + 1]), n) - own_first, int64_t(0));
+  const int64_t shared_rows = n - own_rows;
   const int vectors = a.hidden / 8;  // 8 bf16 per 16-byte vector
   int4* input = b.at<int4>(me, b.combine_input);
   float* input_weights = b.at<float>(me, b.combine_input_weights);
