@@ -375,7 +375,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
     kh::LayoutOutputs outputs;
     outputs.send_pos = handle->view().send_pos;
     outputs.rank_counts = handle->view().rank_counts;
-    outputs.expert_partials = handle->view().expert_partials;
+    outputs.expert_token_counts = handle->view().expert_totals;
     outputs.error = handle->view().input_error;
     kh::launch_layout(im.layout_args(args.topk_idx, outputs), stream);
   }

@@ -21,8 +21,7 @@ std::size_t lay_out(int R, int max_tokens, int E, char* base, kernels::ht::Handl
   v.recv_begin = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * (R + 1)));
   v.expert_counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * (E / R)));
   v.rank_counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * R));
-  const std::size_t layout_tiles = kernels::ht::layout_tiles(max_tokens);
-  v.expert_partials = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * E * layout_tiles));
+  v.expert_totals = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * E));
   v.status = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
   v.input_error = reinterpret_cast<kernels::ht::InputError*>(take(sizeof(kernels::ht::InputError)));
   if (view != nullptr) *view = v;

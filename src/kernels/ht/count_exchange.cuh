@@ -75,7 +75,6 @@ __device__ inline void exchange_counts(const DispatchArgs& a, uint64_t seq) {
   __syncthreads();
 
   if (!c.cached) {
-    const int tiles = layout_tiles(a.tokens.num_tokens);
     const int stride = b.notify_stride();
     for (int i = threadIdx.x; i < R * stride; i += blockDim.x) {
       const int d = i / stride, j = i % stride;
@@ -83,9 +82,7 @@ __device__ inline void exchange_counts(const DispatchArgs& a, uint64_t seq) {
     }
     for (int i = threadIdx.x; i < R * E_local; i += blockDim.x) {
       const int d = i / E_local, j = i % E_local;
-      int32_t n = 0;  // this rank's tokens naming expert d * E_local + j, summed over the layout tiles
-      for (int h = 0; h < tiles; ++h) n += a.handle.expert_partials[int64_t(h) * b.num_experts + d * E_local + j];
-      b.at<int32_t>(d, b.notify_expert_counts)[me * E_local + j] = n;
+      b.at<int32_t>(d, b.notify_expert_counts)[me * E_local + j] = a.handle.expert_totals[d * E_local + j];
     }
   }
   __syncthreads();  // every write above before the releases below

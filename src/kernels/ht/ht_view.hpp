@@ -48,15 +48,15 @@ __host__ __device__ constexpr int layout_tiles(int64_t tokens) {
 }
 
 struct HandleView {
-  int32_t* send_pos;         // [T][R]: index of token t among this rank's tokens for rank r, -1 if not sent
-  int32_t* send_begin;       // [R]: first row of this rank's rows on rank r
-  int32_t* recv_begin;       // [R + 1]: rows from source s are [recv_begin[s], recv_begin[s + 1]); [R] = N
-  int32_t* expert_counts;    // [E_local]: received rows per local expert, aligned
-  int32_t* rank_counts;      // [R]: this rank's tokens per destination rank (layout)
-  int32_t* expert_partials;  // [ceil(T / kLayoutTokensPerCta)][E]: tokens per expert of each layout CTA's tokens
-  int32_t* status;           // [1]: 0; 1 + the rank whose input was invalid; or kStatusTeamFailed.
-                             // Anything but 0: nothing is sent
-  InputError* input_error;   // [1]: this rank's invalid input found by the layout kernel
+  int32_t* send_pos;        // [T][R]: index of token t among this rank's tokens for rank r, -1 if not sent
+  int32_t* send_begin;      // [R]: first row of this rank's rows on rank r
+  int32_t* recv_begin;      // [R + 1]: rows from source s are [recv_begin[s], recv_begin[s + 1]); [R] = N
+  int32_t* expert_counts;   // [E_local]: received rows per local expert, aligned
+  int32_t* rank_counts;     // [R]: this rank's tokens per destination rank (layout)
+  int32_t* expert_totals;   // [E]: this rank's tokens naming each expert (the layout's)
+  int32_t* status;          // [1]: 0; 1 + the rank whose input was invalid; or kStatusTeamFailed.
+                            // Anything but 0: nothing is sent
+  InputError* input_error;  // [1]: this rank's invalid input found by the layout kernel
 };
 
 // What the kernels tell the host (host-mapped, one per buffer).

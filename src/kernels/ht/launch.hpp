@@ -13,9 +13,7 @@ namespace epx::kernels::ht {
 struct LayoutOutputs {
   int32_t* send_pos = nullptr;             // [T][R] or null
   int32_t* rank_counts = nullptr;          // [R]
-  int32_t* expert_token_counts = nullptr;  // [E] totals, or null (then only the partial rows are written)
-  int32_t* expert_partials = nullptr;      // [ceil(T / kLayoutTokensPerCta)][E], one row per tile, or null
-                                           // (then the scratch's rows are used)
+  int32_t* expert_token_counts = nullptr;  // [E] totals, or null
   bool* is_token_in_rank = nullptr;        // [T][R] or null
   InputError* error = nullptr;             // first invalid expert id, or null
 };
@@ -30,7 +28,7 @@ struct LayoutScratch {
   transport::TeamView team;  // bounds the wait for earlier tiles' counts
   LayoutState* state;
   uint64_t* tile_totals;     // [tiles][R]
-  int32_t* expert_partials;  // [tiles][E], where the caller's outputs have none
+  int32_t* expert_partials;  // [tiles][E]: each tile's tokens per expert
 };
 std::size_t layout_scratch_bytes(int max_tokens, int num_ranks, int num_experts);
 LayoutScratch layout_scratch(void* memory, int max_tokens, int num_ranks, const transport::TeamView& team);
@@ -55,8 +53,8 @@ void load_stage_combine_input_kernel();
 constexpr int kMaxHidden = 16384;
 
 // Counts tokens per rank and per expert, and each token's position among the tokens for each rank,
-// in one kernel. Expert counts go as one row per tile of kLayoutTokensPerCta tokens to expert_partials
-// (the scratch's when null) and, when expert_token_counts is given, summed there.
+// in one kernel. Expert counts go as one row per tile of kLayoutTokensPerCta tokens to the scratch's
+// expert_partials and, when expert_token_counts is given, summed there.
 // num_experts <= kMaxLayoutExperts, topk <= kMaxLayoutTopk, num_ranks <= kMaxNvlinkRanks.
 constexpr int kMaxLayoutExperts = 8192;  // the histogram lives in shared memory (32 KiB)
 constexpr int kMaxLayoutTopk = 32;

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
     if (lane == 0) warp_offsets[warp][r] = __popc(in);
   }
   __syncthreads();
-  int32_t* partials = a.out.expert_partials != nullptr ? a.out.expert_partials : a.scratch.expert_partials;
+  int32_t* partials = a.scratch.expert_partials;
   if (tile * kThreads < a.num_tokens) {
     for (int e = threadIdx.x; e < E; e += kThreads) partials[int64_t(tile) * E + e] = expert_counts[e];
   }
