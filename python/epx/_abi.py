@@ -31,9 +31,8 @@ _INT_RANGES = {
 }
 
 
-def _require_fits(what: str, ctype, value) -> None:
-    """Raises EpxInvalidArgument when `value` is an integer that a C `ctype` cannot hold."""
-    bounds = _INT_RANGES.get(ctype)
+def _require_fits(what: str, bounds, value) -> None:
+    """Raises EpxInvalidArgument when `value` is an integer outside `bounds` (a C type's range, or None)."""
     if bounds is not None and isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
         raise EpxInvalidArgument(
             f"epx: {what} = {value} is out of range: it must be in [{bounds[0]}, {bounds[1]}]",
@@ -44,16 +43,21 @@ def _require_fits(what: str, ctype, value) -> None:
 
 
 @functools.cache
-def _field_types(cls) -> dict:
-    return dict(cls._fields_)
+def _field_bounds(cls) -> dict:
+    return {name: _INT_RANGES[ctype] for name, ctype in cls._fields_ if ctype in _INT_RANGES}
 
 
 class Checked(Structure):
-    """A struct that refuses an integer a field cannot hold, where ctypes would wrap it."""
+    """A struct that refuses an integer a field cannot hold, where ctypes would wrap it. Fields are checked
+    as the struct is made (every struct here is made with keywords): one lookup per field given."""
 
-    def __setattr__(self, name, value):
-        _require_fits(name, _field_types(type(self)).get(name), value)
-        super().__setattr__(name, value)
+    def __init__(self, *args, **fields):
+        bounds = _field_bounds(type(self))
+        for name, value in fields.items():
+            b = bounds.get(name)
+            if b is not None and isinstance(value, int) and not b[0] <= value <= b[1]:
+                _require_fits(name, b, value)  # raises
+        super().__init__(*args, **fields)
 
 
 class Tensor(Checked):
@@ -356,7 +360,7 @@ def check(status: int) -> None:
 def call(name: str, *args) -> None:
     fn = getattr(lib(), name)
     for i, (value, ctype) in enumerate(zip(args, fn.argtypes)):
-        _require_fits(f"argument {i + 1} of {name}", ctype, value)
+        _require_fits(f"argument {i + 1} of {name}", _INT_RANGES.get(ctype), value)
     check(fn(*args))
 
 
