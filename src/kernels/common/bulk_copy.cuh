@@ -1,9 +1,9 @@
 // Hopper's bulk copy engine (TMA, non-tensor form): one thread moves a whole row between global and
 // shared memory, so a few warps keep many bytes in flight without spending registers on them.
 //
-//   load:  global -> shared (local or a peer's NVLink address), completes on an mbarrier (the waiter asks for the
-//   barrier's phase parity);
-//          one mbarrier_expect_bytes per phase announces the bytes of all loads of that phase.
+//   load:  global -> shared (from local memory or a peer's NVLink address), completes on an mbarrier
+//          (the waiter asks for the barrier's phase parity); one mbarrier_expect_bytes per phase
+//          announces the bytes of all loads of that phase.
 //   store: shared -> global (local or a peer's NVLink address), tracked in bulk groups: wait_read<N>
 //          until at most N committed groups still read shared memory (then it may be rewritten);
 //          wait_all() until every committed store has been performed.
