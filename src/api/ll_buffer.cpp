@@ -87,6 +87,8 @@ struct LlBuffer::Impl {
   kl::LlView make_view() const;
   // Claims the next set of a kind; refuses while that set's earlier send_only call awaits its receive step.
   int next_set(SetState* sets, uint64_t& calls_made, const char* what);
+  // Masks (or unmasks) ranks [first, last) but this one, ordered with the buffer's calls on `on`.
+  void update_rank_mask(int first, int last, bool masked, cudaStream_t on, const char* what);
   std::function<void()> receive_step(SetState& state, const Streams& streams, std::function<void(cudaStream_t)> launch);
 };
 
@@ -252,16 +254,20 @@ void LlBuffer::check_errors() {
                                                 "); that entry was treated as -1 (not sent, and not combined)");
 }
 
-void LlBuffer::set_rank_masked(int rank, bool masked, cudaStream_t on) {
+void LlBuffer::Impl::update_rank_mask(int first, int last, bool masked, cudaStream_t on, const char* what) {
   const Streams streams{on};
+  const cudaStream_t stream = calls.begin(streams, what);
+  kl::launch_update_rank_mask(view, first, last, masked, stream);
+  calls.end(streams, stream);
+}
+
+void LlBuffer::set_rank_masked(int rank, bool masked, cudaStream_t on) {
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
   EPX_REQUIRE(rank >= 0 && rank < im.team.size(),
               "set_rank_masked: rank " + str(rank) + " is not in [0, " + str(im.team.size()) + ")");
   EPX_REQUIRE(rank != im.team.rank(), "set_rank_masked: a rank cannot mask itself (rank " + str(rank) + ")");
-  const cudaStream_t stream = im.calls.begin(streams, "set_rank_masked");
-  kl::launch_update_rank_mask(im.view, rank, rank + 1, masked, stream);
-  im.calls.end(streams, stream);
+  im.update_rank_mask(rank, rank + 1, masked, on, "set_rank_masked");
 }
 
 void LlBuffer::query_rank_mask(int32_t* out, cudaStream_t on) {
@@ -278,12 +284,8 @@ void LlBuffer::query_rank_mask(int32_t* out, cudaStream_t on) {
 }
 
 void LlBuffer::clear_rank_mask(cudaStream_t on) {
-  const Streams streams{on};
-  Impl& im = *impl_;
-  detail::ScopedRank scoped(im.team.rank());
-  const cudaStream_t stream = im.calls.begin(streams, "clear_rank_mask");
-  kl::launch_update_rank_mask(im.view, 0, im.team.size(), false, stream);
-  im.calls.end(streams, stream);
+  detail::ScopedRank scoped(impl_->team.rank());
+  impl_->update_rank_mask(0, impl_->team.size(), false, on, "clear_rank_mask");
 }
 
 LlDispatchResult LlBuffer::dispatch(const LlDispatchArgs& args, const Streams& streams) {
