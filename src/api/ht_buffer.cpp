@@ -189,8 +189,9 @@ void check_options(const HtBufferOptions& options, int R) {
               "HtBufferOptions::hidden must be a positive multiple of 128 up to " + std::to_string(kh::kMaxHidden) +
                   ", got " + std::to_string(options.hidden));
   EPX_REQUIRE(options.handle_blocks >= 1, "HtBufferOptions::handle_blocks must be >= 1");
-  EPX_REQUIRE(options.max_topk >= 1 && options.max_topk <= 32,
-              "HtBufferOptions::max_topk must be in [1, 32], got " + std::to_string(options.max_topk));
+  EPX_REQUIRE(options.max_topk >= 1 && options.max_topk <= kh::kMaxLayoutTopk,
+              "HtBufferOptions::max_topk must be in [1, " + std::to_string(kh::kMaxLayoutTopk) + "], got " +
+                  std::to_string(options.max_topk));
   EPX_REQUIRE(options.num_experts >= R && options.num_experts % R == 0,
               "HtBufferOptions::num_experts (" + std::to_string(options.num_experts) +
                   ") must be a positive multiple of the team size (" + std::to_string(R) + ")");
