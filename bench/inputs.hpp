@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "epx/reference/numeric.hpp"
 #include "epx/reference/routing.hpp"
 #include "epx/reference/tensor.hpp"
 
@@ -31,12 +32,6 @@ class Draw {
   uint64_t key_;
 };
 
-// BF16 bits from 16 random bits of `b`'s: any sign, exponents 2^-4 .. 2^3, any mantissa. Never zero,
-// never NaN or infinite.
-constexpr uint16_t random_bf16(uint64_t b) {
-  return uint16_t(((b & 1) << 15) | ((123 + (b >> 1) % 8) << 7) | ((b >> 8) & 0x7f));
-}
-
 struct Routing {
   ref::TopkIdx topk_idx;       // [T][K], K distinct experts per token
   ref::Matrix<float> weights;  // [T][K], in (0, 1]
@@ -60,11 +55,11 @@ inline Routing make_routing(uint64_t seed, int rank, int tokens, int topk, int e
   return r;
 }
 
-// One rank's BF16 tokens [T][H] (random_bf16 values).
+// One rank's BF16 tokens [T][H] (ref::random_bf16 values).
 inline ref::Matrix<uint16_t> make_bf16_tokens(uint64_t seed, int rank, int tokens, int hidden) {
   const Draw draw(seed, rank, What::x_bf16);
   ref::Matrix<uint16_t> x(tokens, hidden);
-  for (std::size_t i = 0; i < x.data.size(); ++i) x.data[i] = random_bf16(draw(i));
+  for (std::size_t i = 0; i < x.data.size(); ++i) x.data[i] = ref::random_bf16(draw(i));
   return x;
 }
 

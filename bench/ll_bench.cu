@@ -44,7 +44,7 @@ struct YShape {
 };
 
 constexpr uint16_t expert_output(const Draw& draw, const YShape& y, int e, int s, int t, int h) {
-  return random_bf16(draw(((uint64_t(e) * y.ranks + s) * y.tokens + t) * y.hidden + h));
+  return ref::random_bf16(draw(((uint64_t(e) * y.ranks + s) * y.tokens + t) * y.hidden + h));
 }
 
 // Grid (C, E_local): one CTA per row. Rows past recv_count[e] become NaN: combine must never read them.

@@ -1,4 +1,5 @@
 // HT combine, global form. See ht.hpp for the contract and the exact summation order.
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -52,14 +53,17 @@ std::vector<HtCombineOutput> ht_combine(std::span<const HtCombineInput> y, const
     const int64_t num_tokens = send_row.rows;
     HtCombineOutput out{Matrix<uint16_t>(num_tokens, hidden), Matrix<float>(num_tokens, topk)};
     for (int64_t t = 0; t < num_tokens; ++t) {
+      std::vector<std::span<const uint16_t>> rows;  // the token's rows, ranks ascending, then its bias
+      for (int r = 0; r < num_ranks; ++r) {
+        const int32_t row = send_row.at(t, r);
+        if (row != -1) rows.push_back(y[static_cast<std::size_t>(r)].y.row(row));
+      }
+      if (!bias.empty()) rows.push_back(bias[static_cast<std::size_t>(s)].row(t));
+      const std::span<uint16_t> x = out.x.row(t);
       for (int64_t h = 0; h < hidden; ++h) {
         float acc = 0.0f;
-        for (int r = 0; r < num_ranks; ++r) {  // ranks ascending
-          const int32_t row = send_row.at(t, r);
-          if (row != -1) acc = acc + bf16_to_float(y[static_cast<std::size_t>(r)].y.at(row, h));
-        }
-        if (!bias.empty()) acc = acc + bf16_to_float(bias[static_cast<std::size_t>(s)].at(t, h));
-        out.x.at(t, h) = float_to_bf16(acc);
+        for (const std::span<const uint16_t>& row : rows) acc = acc + bf16_to_float(row[static_cast<std::size_t>(h)]);
+        x[static_cast<std::size_t>(h)] = float_to_bf16(acc);
       }
       for (int64_t k = 0; k < topk; ++k) {
         float acc = 0.0f;

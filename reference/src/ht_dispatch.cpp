@@ -1,4 +1,5 @@
 // HT dispatch, global form. See ht.hpp for the contract.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -120,12 +121,10 @@ HtRecv receive(int r, std::span<const HtTokens> tokens, const TokenShape& shape,
     for (int64_t t = 0; t < in.topk_idx.rows; ++t) {
       const int32_t row = send_row.at(t, r);
       if (row == -1) continue;
-      for (int64_t h = 0; h < shape.hidden; ++h) {
-        if (shape.dtype == Dtype::bf16) {
-          out.x_bf16.at(row, h) = in.x_bf16.at(t, h);
-        } else {
-          out.x_fp8.at(row, h) = in.x_fp8.at(t, h);
-        }
+      if (shape.dtype == Dtype::bf16) {
+        std::ranges::copy(in.x_bf16.row(t), out.x_bf16.row(row).begin());
+      } else {
+        std::ranges::copy(in.x_fp8.row(t), out.x_fp8.row(row).begin());
       }
       for (int64_t g = 0; g < out.x_scales.cols; ++g) out.x_scales.at(row, g) = in.x_scales.at(t, g);
       out.src_idx[static_cast<std::size_t>(row)] = static_cast<int32_t>(t);

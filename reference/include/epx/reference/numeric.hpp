@@ -40,6 +40,12 @@ uint8_t float_to_e4m3(float value);
 // positive finite value; +inf stays +inf. A normal input with a zero mantissa is returned as is.
 float ceil_to_power_of_two(float value);
 
+// BF16 bits for test data from the low 15 bits of `b`: any sign, exponents 2^-4 .. 2^3, any mantissa.
+// Never zero, never NaN or infinite. Constexpr, so that kernels can make the same values.
+constexpr uint16_t random_bf16(uint64_t b) {
+  return uint16_t(((b & 1) << 15) | ((123 + (b >> 1) % 8) << 7) | ((b >> 8) & 0x7f));
+}
+
 // Element-wise BF16 <-> float over a whole matrix.
 Matrix<float> bf16_to_float(const Matrix<uint16_t>& bits);
 Matrix<uint16_t> float_to_bf16(const Matrix<float>& values);

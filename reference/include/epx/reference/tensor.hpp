@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -38,12 +39,18 @@ struct Matrix {
   T& at(int64_t i, int64_t j) { return data[offset(i, j)]; }
   const T& at(int64_t i, int64_t j) const { return data[offset(i, j)]; }
 
+  // Row i whole: the row index is checked once, and the span's bounds are the row's.
+  std::span<T> row(int64_t i) { return {data.data() + row_offset(i), static_cast<std::size_t>(cols)}; }
+  std::span<const T> row(int64_t i) const { return {data.data() + row_offset(i), static_cast<std::size_t>(cols)}; }
+
   bool operator==(const Matrix&) const = default;
 
  private:
+  std::size_t row_offset(int64_t i) const {
+    return detail::checked_index(i, rows, "Matrix row") * static_cast<std::size_t>(cols);
+  }
   std::size_t offset(int64_t i, int64_t j) const {
-    return detail::checked_index(i, rows, "Matrix row") * static_cast<std::size_t>(cols) +
-           detail::checked_index(j, cols, "Matrix col");
+    return row_offset(i) + detail::checked_index(j, cols, "Matrix col");
   }
 };
 
