@@ -2,10 +2,11 @@
 # The device script: on a GPU machine, build (or use a carried build), run every GPU test (C++, the
 # dead-peer test, Python with torch where it is installed) and the bench, and end with a short table. Logs and the bench JSON go to $OUT (or ./device-out).
 #
-#   scripts/device_check.sh [--kind NAME] [--commit SHA] [--tests FILTER] [--bench "ARGS"] [--no-sanitizers] [--only-sanitizers] [--pack]
+#   scripts/device_check.sh [--kind NAME] [--commit SHA] [--tests FILTER] [--bench "ARGS"] [--no-bench] [--no-sanitizers] [--only-sanitizers] [--pack]
 #
 # Defaults: every GPU test, the bench with --ht-tune --ll-tune, and the sanitizers. --tests takes a
-# gtest filter and --bench the bench's arguments (for a quicker look at one part). --only-sanitizers
+# gtest filter and --bench the bench's arguments (for a quicker look at one part); --no-bench leaves the
+# bench out (the tests alone, on a machine whose bench already ran). --only-sanitizers
 # runs the sanitizers alone (they take minutes: a call of their own on a machine with a time limit).
 # --pack leaves only
 # bench.json, summary.txt and logs.tar.gz (every log) in the output folder, for machines that return
@@ -16,17 +17,18 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-kind="" commit="${EPX_COMMIT:-unknown}" tests="*" bench_args="--ht-tune --ll-tune" sanitizers=1 only_sanitizers=0 pack=0
+kind="" commit="${EPX_COMMIT:-unknown}" tests="*" bench_args="--ht-tune --ll-tune" run_bench=1 sanitizers=1 only_sanitizers=0 pack=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --kind) kind="$2"; shift 2 ;;
     --commit) commit="$2"; shift 2 ;;
     --tests) tests="$2"; shift 2 ;;
     --bench) bench_args="$2"; shift 2 ;;
+    --no-bench) run_bench=0; shift ;;
     --no-sanitizers) sanitizers=0; shift ;;
     --only-sanitizers) only_sanitizers=1; shift ;;
     --pack) pack=1; shift ;;
-    *) echo "usage: $0 [--kind NAME] [--commit SHA] [--tests FILTER] [--bench \"ARGS\"] [--no-sanitizers] [--only-sanitizers] [--pack]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--kind NAME] [--commit SHA] [--tests FILTER] [--bench \"ARGS\"] [--no-bench] [--no-sanitizers] [--only-sanitizers] [--pack]" >&2; exit 2 ;;
   esac
 done
 out="${OUT:-$PWD/device-out}"
@@ -143,7 +145,7 @@ sanitizers_run() {
 # The bench first: it is the main job, and on a machine with a time limit its numbers come back even
 # when a later step runs out of time.
 if [ "$only_sanitizers" -eq 0 ]; then
-  bench
+  [ "$run_bench" -eq 1 ] && bench
   gpu_tests
   one_queue
   dead_peer
