@@ -20,15 +20,20 @@ namespace epx {
 using detail::check_cuda;
 namespace kh = kernels::ht;
 
-// 16 CTAs for every rank count: the SM budget, and within it the fastest of the num_sms sweeps
-// (8..32 SMs, "ht_tuning" in bench/results/, 9a69a22). EP=2 (nvidia-h200-x2-2026-11-22-9a69a22.json):
-// dispatch BF16 is fastest at 16 (354, 252, 203, 241, 221, 207 us); the zero-copy combine gains up to
-// 20 SMs (217 us at 16, 194 at 20, 191 at 32). EP=4 (nvidia-h200-x4.json): the combine is fastest at 16
-// and slower with more; dispatch is 8-9% faster at 32. Callers that can spare SMs raise it with
-// set_config. EP=8 is not measured yet.
-HtConfig default_ht_config(int /*num_ranks*/) {
+// From the num_sms sweeps (8, 12, 16, 20, 24, 32 SMs; "ht_tuning" in bench/results/), within the issue's
+// budget of 16 SMs:
+// - EP=2 (nvidia-h200-x2-2026-11-22-9a69a22.json): dispatch BF16 is fastest at 16 (354, 252, 203, 241,
+//   221, 207 us); the zero-copy combine gains up to 20 SMs (217 us at 16, 194 at 20, 191 at 32).
+// - EP=4 (nvidia-h200-x4.json, 9a69a22): the combine is fastest at 16 and slower with more; dispatch is
+//   8-9% faster at 32.
+// - EP=8 (nvidia-h200-x8.json, 92475b3): dispatch BF16 is fastest at 8 (875, 1001, 946, 947, 926, 888 us)
+//   and FP8 nearly so (518 at 8, 510 at 32, 540 at 16); the combine is 3% slower at 8 than at 16 (1060
+//   against 1026 us). Dispatch and combine together take 1935 us at 8 SMs, 1972 at 16 and 1933 at 32,
+//   so 8 ranks and more get 8 SMs: the same time, and more SMs left to the caller's compute.
+// Callers that can spare SMs raise it with set_config.
+HtConfig default_ht_config(int num_ranks) {
   HtConfig config;
-  config.num_sms = 16;
+  config.num_sms = num_ranks >= 8 ? 8 : 16;
   return config;
 }
 
