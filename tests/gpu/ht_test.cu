@@ -18,6 +18,13 @@
 namespace epx::test {
 namespace {
 
+// Waits for the stream, then throws for a wait that expired on the way, so that a timeout is reported
+// as one and not as outputs that were never written; before every comparison.
+void complete(Team& team, cudaStream_t stream) {
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  team.check_device_errors();
+}
+
 void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t stream) {
   const int rank = team.rank();
   const ref::HtTokens& in = x.tokens[rank];
@@ -34,7 +41,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   // Outputs are complete in stream order (the exact form returns once N is known, not once rows landed),
   // so every check below synchronises the stream first.
   const HtDispatchResult exact = buffer.dispatch(args, on);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  complete(team, stream);
   ASSERT_EQ(exact.num_recv_tokens, N) << "rank " << rank;
   EXPECT_EQ(exact.num_recv_tokens_per_expert_host, want.num_recv_tokens_per_expert) << "rank " << rank;
   check_dispatch(c, rank, exact, want, N);
@@ -48,7 +55,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   HtDispatchArgs worst = args;
   worst.num_worst_tokens = int64_t(x.R) * std::max(c.T, 1);
   const HtDispatchResult padded = buffer.dispatch(worst, on);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  complete(team, stream);
   EXPECT_EQ(padded.num_rows, worst.num_worst_tokens);
   check_dispatch(c, rank, padded, want, N);
 
@@ -58,7 +65,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   HtDispatchArgs cached = args;
   cached.cached = exact.handle;
   const HtDispatchResult again = buffer.dispatch(cached, on);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  complete(team, stream);
   ASSERT_EQ(again.num_recv_tokens, N);
   check_dispatch(c, rank, again, want, N);
 
@@ -75,8 +82,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   combine.bias = TensorRef::matrix(d_bias->data, ScalarType::bf16, c.T, c.H);
   combine.handle = exact.handle;
   const HtCombineResult out = buffer.combine(combine, on);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  team.check_device_errors();
+  complete(team, stream);
   check_combine(c, rank, out, x.combine[rank]);
 
   // 5. Combine again with y and the weights written straight into the buffer's combine input.
@@ -92,7 +98,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   combine.y = in_place;
   combine.topk_weights = in_place_weights;
   const HtCombineResult zero_copy = buffer.combine(combine, on);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  complete(team, stream);
   check_combine(c, rank, zero_copy, x.combine[rank]);
 }
 
