@@ -1,0 +1,174 @@
+// Do stamped stores arrive whole over NVLink? The LL protocols under consideration (docs/PERFORMANCE.md)
+// would let a receiver take data as soon as its stamp shows, with no fence or flag: that needs a store
+// and the load that sees it to move the stamp and its payload together. This probe counts how often a
+// receiver sees a current stamp next to stale payload, for two granularities:
+//   * 16 bytes: one st.v4 per thread, stamp in its first word, three words of payload;
+//   * 128 bytes: one warp store instruction, 8 lanes per line, stamp in the first word of the line's
+//     last 16 bytes; the receiver loads the whole line in one warp load instruction too.
+// Every rank writes its next rank's area while reading its own (both directions busy), one epoch per
+// kernel; an epoch overwrites the previous one's lines, so stale payload is the previous epoch's.
+// A team barrier separates epochs. Waits are bounded: a line that never shows its stamp is counted
+// as missing, not waited for.
+#include "bench/stamp_probe.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "bench/team_sync.hpp"
+#include "core/cuda_check.hpp"
+#include "transport/device/wait.cuh"
+
+namespace epx::bench {
+namespace {
+
+using detail::check_cuda;
+
+constexpr int kLines = 16384;  // 128-byte lines per granularity and epoch: 2 MiB
+constexpr int kVectors = 8;    // 16-byte vectors per line
+constexpr int kEpochs = 64;
+constexpr int kWriterBlocks = 32, kReaderBlocks = 32, kThreads = 512;
+constexpr uint64_t kMissingAfterNs = 100'000'000;  // 0.1 s without the stamp: missing
+
+struct Area {
+  uint4 words[kLines][kVectors];  // 16-byte granularity: every vector stamped
+  uint4 lines[kLines][kVectors];  // 128-byte granularity: vector 7 stamped
+};
+
+struct Counts {
+  unsigned long long torn_16, missing_16, torn_128, missing_128;
+};
+
+__device__ uint32_t payload(uint32_t epoch, int line, int vector, int word) {
+  return (epoch * 2654435761u) ^ (uint32_t(line) << 8) ^ (uint32_t(vector) << 4) ^ uint32_t(word) ^ 0x9e3779b9u;
+}
+
+__device__ uint4 stamped_vector(uint32_t epoch, int line, int vector) {
+  return uint4{epoch, payload(epoch, line, vector, 1), payload(epoch, line, vector, 2),
+               payload(epoch, line, vector, 3)};
+}
+
+__device__ uint4 line_vector(uint32_t epoch, int line, int vector) {
+  return vector == kVectors - 1 ? stamped_vector(epoch, line, vector)
+                                : uint4{payload(epoch, line, vector, 0), payload(epoch, line, vector, 1),
+                                        payload(epoch, line, vector, 2), payload(epoch, line, vector, 3)};
+}
+
+__device__ void store_v4(uint4* p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+__device__ uint4 load_v4_volatile(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ bool equal(uint4 a, uint4 b) { return a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w; }
+
+// Writer warps: lane l writes vector l % 8 of line 4 * (its warp's step) + l / 8, both areas.
+__device__ void write_epoch(Area* peer, uint32_t epoch) {
+  const int lane = threadIdx.x % 32, warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int warps = kWriterBlocks * kThreads / 32;
+  const int vector = lane % kVectors;
+  for (int line = warp * 4 + lane / kVectors; line < kLines; line += warps * 4) {
+    store_v4(&peer->words[line][vector], stamped_vector(epoch, line, vector));
+    store_v4(&peer->lines[line][vector], line_vector(epoch, line, vector));
+  }
+}
+
+// Reader warps: the same lanes poll their own area until the stamps of this epoch show, then compare
+// what the same load brought.
+__device__ void read_epoch(const Area* mine, uint32_t epoch, Counts* counts) {
+  const int lane = threadIdx.x % 32;
+  const int warp = ((blockIdx.x - kWriterBlocks) * blockDim.x + threadIdx.x) / 32;
+  const int warps = kReaderBlocks * kThreads / 32;
+  const int vector = lane % kVectors;
+  unsigned long long torn_16 = 0, missing_16 = 0, torn_128 = 0, missing_128 = 0;
+  for (int line = warp * 4 + lane / kVectors; line < kLines; line += warps * 4) {
+    // 16 bytes: each lane on its own.
+    const uint64_t start = transport::global_timer_ns();
+    for (;;) {
+      const uint4 got = load_v4_volatile(&mine->words[line][vector]);
+      if (got.x == epoch) {
+        torn_16 += !equal(got, stamped_vector(epoch, line, vector));
+        break;
+      }
+      if (transport::global_timer_ns() - start > kMissingAfterNs) {
+        ++missing_16;
+        break;
+      }
+    }
+    // 128 bytes: the 8 lanes of a line load it together; lane 7 holds the stamp.
+    const uint64_t line_start = transport::global_timer_ns();
+    bool done = false;
+    for (;;) {
+      const uint4 got = load_v4_volatile(&mine->lines[line][vector]);
+      const uint32_t stamp = __shfl_sync(0xffffffffu, got.x, kVectors - 1, kVectors);
+      if (!done && stamp == epoch) {
+        torn_128 += !equal(got, line_vector(epoch, line, vector));
+        done = true;
+      }
+      if (!done && transport::global_timer_ns() - line_start > kMissingAfterNs) {
+        missing_128 += vector == 0;
+        done = true;
+      }
+      if (__all_sync(0xffffffffu, done)) break;
+    }
+  }
+  if (torn_16 | missing_16 | torn_128 | missing_128) {
+    atomicAdd(&counts->torn_16, torn_16);
+    atomicAdd(&counts->missing_16, missing_16);
+    atomicAdd(&counts->torn_128, torn_128);
+    atomicAdd(&counts->missing_128, missing_128);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) stamp_epoch(Area* peer, const Area* mine, uint32_t epoch, Counts* counts) {
+  if (blockIdx.x < kWriterBlocks) {
+    write_epoch(peer, epoch);
+  } else {
+    read_epoch(mine, epoch, counts);
+  }
+}
+
+}  // namespace
+
+StampProbe probe_stamped_stores(Team& team) {
+  StampProbe probe;
+  cudaStream_t stream;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  SymmetricMemory area = team.allocate_symmetric(sizeof(Area));
+  check_cuda(cudaMemsetAsync(area.local(), 0, sizeof(Area), stream), "cudaMemsetAsync");
+  Counts* counts = nullptr;
+  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&counts), sizeof(Counts), stream), "cudaMallocAsync");
+  check_cuda(cudaMemsetAsync(counts, 0, sizeof(Counts), stream), "cudaMemsetAsync");
+  const int next = (team.rank() + 1) % team.size();
+  for (uint32_t epoch = 1; epoch <= kEpochs; ++epoch) {
+    enqueue_team_barrier(team, stream);  // every reader is done with the previous epoch
+    stamp_epoch<<<kWriterBlocks + kReaderBlocks, kThreads, 0, stream>>>(
+        static_cast<Area*>(area.peer(next)), static_cast<const Area*>(area.local()), epoch, counts);
+    detail::check_launch("stamp_epoch");
+  }
+  Counts mine{};
+  check_cuda(cudaMemcpyAsync(&mine, counts, sizeof(mine), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check_cuda(cudaFreeAsync(counts, stream), "cudaFreeAsync");
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  const std::vector<double> all = all_gather(
+      team, stream, {double(mine.torn_16), double(mine.missing_16), double(mine.torn_128), double(mine.missing_128)});
+  for (std::size_t i = 0; i < all.size(); i += 4) {
+    probe.torn_16 += int64_t(all[i]);
+    probe.missing_16 += int64_t(all[i + 1]);
+    probe.torn_128 += int64_t(all[i + 2]);
+    probe.missing_128 += int64_t(all[i + 3]);
+  }
+  probe.lines = int64_t(kLines) * kEpochs * team.size();
+  probe.measured = true;
+  cudaStreamDestroy(stream);
+  return probe;
+}
+
+}  // namespace epx::bench

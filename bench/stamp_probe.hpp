@@ -1,0 +1,23 @@
+// Whether stamped 16-byte and 128-byte stores arrive whole over NVLink (see stamp_probe.cu): a fact the
+// LL protocol's design depends on, measured next to the limits.
+#pragma once
+
+#include <cstdint>
+
+#include "epx/team.hpp"
+
+namespace epx::bench {
+
+struct StampProbe {
+  bool measured = false;    // needs at least 2 ranks on separate GPUs
+  int64_t lines = 0;        // lines checked per granularity, over every rank and epoch (8 vectors each)
+  int64_t torn_16 = 0;      // 16-byte vectors seen with this epoch's stamp and an older payload
+  int64_t missing_16 = 0;   // vectors whose stamp never showed within the bound
+  int64_t torn_128 = 0;     // 128-byte lines' vectors seen with the line's stamp current and older payload
+  int64_t missing_128 = 0;  // lines whose stamp never showed within the bound
+};
+
+// Collective over the team (one process per GPU, at least 2).
+StampProbe probe_stamped_stores(Team& team);
+
+}  // namespace epx::bench
