@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Profiles one launch of an HT kernel with Nsight Compute on a machine with 2 GPUs: two bench ranks
+# started torchrun-style, rank 1 plainly and rank 0 under ncu. Writes the report and its details page
+# to $OUT (or ./device-out).
+#
+#   scripts/profile_ht.sh [--kernel REGEX] [--skip N] [--metrics LIST]
+#
+# A kernel that waits for its peer cannot be replayed: a replay restores this rank's memory and waits
+# again for signals the peer sent once, until the bounded wait expires. So only metrics that ncu
+# collects in one pass may be asked for; the script prints ncu's pass count, and a run that needed more
+# than one is not to be trusted (its kernel time includes an expired wait).
+# Defaults: the HT dispatch kernel, its 21st launch (after the bench's checks and warm-up), the
+# warp-state stall reasons and the throughputs of the speed-of-light section.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+kernel="regex:dispatch_kernel" skip=20
+metrics="gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed"
+metrics+=",gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
+for stall in long_scoreboard barrier membar lg_throttle mio_throttle drain wait sleeping no_instruction short_scoreboard; do
+  metrics+=",smsp__average_warps_issue_stalled_${stall}_per_issue_active.ratio"
+done
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kernel) kernel="$2"; shift 2 ;;
+    --skip) skip="$2"; shift 2 ;;
+    --metrics) metrics="$2"; shift 2 ;;
+    *) echo "usage: $0 [--kernel REGEX] [--skip N] [--metrics LIST]" >&2; exit 2 ;;
+  esac
+done
+out="${OUT:-$PWD/device-out}"
+mkdir -p "$out"
+build="${EPX_BUILD_DIR:-build}"
+[ -x "$build/bench/epx-bench" ] || { echo "no $build/bench/epx-bench: build first" >&2; exit 1; }
+command -v ncu >/dev/null || { echo "ncu is not on PATH" >&2; exit 1; }
+
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
+wheel_lib=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null || true)
+[ -n "$wheel_lib" ] && export LD_LIBRARY_PATH="$wheel_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 20000))
+
+bench=("$build/bench/epx-bench" --skip-ll --timeout-ms 60000)
+RANK=1 LOCAL_RANK=1 timeout 400 "${bench[@]}" --json "$out/profile-rank1.json" >"$out/profile-rank1.log" 2>&1 &
+RANK=0 LOCAL_RANK=0 timeout 400 ncu --clock-control none --replay-mode kernel -k "$kernel" --launch-skip "$skip" \
+  --launch-count 1 --metrics "$metrics" -o "$out/profile" -f \
+  "${bench[@]}" --json "$out/profile-rank0.json" >"$out/profile-rank0.log" 2>&1
+rc0=$?
+wait
+rc1=$?
+echo "rank 0 (under ncu): exit $rc0; rank 1: exit $rc1"
+grep -E "==PROF==|pass" "$out/profile-rank0.log" | head -10
+if [ -f "$out/profile.ncu-rep" ]; then
+  ncu --import "$out/profile.ncu-rep" --page details >"$out/profile-details.txt" 2>&1
+  cat "$out/profile-details.txt"
+fi
