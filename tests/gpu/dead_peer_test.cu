@@ -56,8 +56,8 @@ TEST(DeadPeer, SurvivorsReportItAndShutDown) {
   auto masking = std::make_unique<LlBuffer>(*team, options);
   const LlRankInputs in = upload_ll_inputs(c, everyone, rank);
   const LlOutputs out = allocate_ll_outputs(c, everyone, *strict);
-  ll_exchange_and_check(c, everyone, *strict, rank, in, out, stream);
-  ll_exchange_and_check(c, everyone, *masking, rank, in, out, stream);
+  ll_exchange_and_check(c, everyone, *strict, *team, in, out, stream);
+  ll_exchange_and_check(c, everyone, *masking, *team, in, out, stream);
   if (rank == dead) {
     std::fflush(nullptr);
     std::raise(SIGKILL);
@@ -68,7 +68,7 @@ TEST(DeadPeer, SurvivorsReportItAndShutDown) {
   const LlExpected survivors = ll_masked_expected(c, R, kSeed + 1, masked);
   write_ll_inputs(c, survivors, rank, in);
   Clock::time_point start = Clock::now();
-  ll_exchange_and_check(c, survivors, *masking, rank, in, out, stream);
+  ll_exchange_and_check(c, survivors, *masking, *team, in, out, stream);
   masking->check_errors();  // a masked peer is not an error
   EXPECT_LT(Clock::now() - start, kTimeout + kHostSlack) << "the masking exchange took too long";
   DeviceArray mask(sizeof(int32_t) * R);

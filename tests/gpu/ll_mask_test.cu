@@ -76,7 +76,7 @@ TEST(LlMask, MaskedRankIsSkipped) {
     EXPECT_EQ(query_mask(buffer, mask, 4, stream), mask_of(masked));
     for (int round = 0; round < 3; ++round) {
       SCOPED_TRACE("round " + std::to_string(round));
-      ll_exchange_and_check(c, want, buffer, rank, in, out, stream);
+      ll_exchange_and_check(c, want, buffer, team, in, out, stream);
     }
     buffer.check_errors();  // masking is not an error
     EXPECT_FALSE(team.failed());
@@ -103,7 +103,7 @@ TEST(LlMask, ExpiredWaitMasksThePeer) {
     DeviceArray mask(sizeof(int32_t) * 4);
     for (int round = 0; round < 2; ++round) {
       SCOPED_TRACE("round " + std::to_string(round));
-      ll_exchange_and_check(c, want, buffer, rank, in, out, stream);
+      ll_exchange_and_check(c, want, buffer, team, in, out, stream);
     }
     buffer.check_errors();  // masking is not an error
     EXPECT_EQ(query_mask(buffer, mask, 4, stream), mask_of(masked));
@@ -129,14 +129,14 @@ void mask_each_other_then_rejoin(Team& team, cudaStream_t stream) {
   buffer.set_rank_masked(other, true, stream);
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE("apart, round " + std::to_string(round));
-    ll_exchange_and_check(c, apart, buffer, rank, in, out, stream);
+    ll_exchange_and_check(c, apart, buffer, team, in, out, stream);
   }
   buffer.clear_rank_mask(stream);
   EXPECT_EQ(query_mask(buffer, mask, 2, stream), std::vector<int32_t>(2, 0));
   write_ll_inputs(c, together, rank, in);
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE("together, round " + std::to_string(round));
-    ll_exchange_and_check(c, together, buffer, rank, in, out, stream);
+    ll_exchange_and_check(c, together, buffer, team, in, out, stream);
   }
   buffer.check_errors();
   EXPECT_FALSE(team.failed());

@@ -374,7 +374,7 @@ TEST(LlErrors, InvalidExpertIdIsReportedAndCountsAsEmpty) {
       if (rank == 1) {
         copy_host_to_device(static_cast<int64_t*>(in.topk_idx->data) + 5 * c.K, &bad, sizeof(bad));
       }
-      ll_exchange_and_check(c, x, buffer, rank, in, out, stream);
+      ll_exchange_and_check(c, x, buffer, team, in, out, stream);
       try {
         buffer.check_errors();
         if (rank == 1) ADD_FAILURE() << "rank 1: check_errors reported nothing";

@@ -25,7 +25,7 @@ void run_rank(const LlCase& c, const LlExpected& x, Team& team, cudaStream_t str
   const LlRankInputs in = upload_ll_inputs(c, x, rank);
   const LlOutputs out = allocate_ll_outputs(c, x, buffer);
   for (int round = 0; round < 2; ++round) {  // the second dispatch and combine use the other buffer set
-    ll_exchange_and_check(c, x, buffer, rank, in, out, stream);
+    ll_exchange_and_check(c, x, buffer, team, in, out, stream);
     buffer.check_errors();  // what a kernel recorded stays until reported
   }
 }

@@ -234,12 +234,12 @@ void ht_exchange(const Iteration& it, Rig& rig, int rank, cudaStream_t stream) {
 }
 
 // Dispatch, then combine in both orders, checked as ll_test.cu checks them (ll_exchange_and_check).
-void ll_exchange(const Iteration& it, Rig& rig, int rank, cudaStream_t stream) {
+void ll_exchange(const Iteration& it, Rig& rig, Team& team, cudaStream_t stream) {
   const LlCase& c = it.ll_case;
   LlOutputs& out = rig.ll_out[std::size_t(it.ll_payload)];
   out.out.rows = c.T;  // combine's out: this iteration's tokens at the front of a T_max array
-  write_ll_inputs(c, it.ll_expected, rank, rig.ll_in);
-  ll_exchange_and_check(c, it.ll_expected, rig.ll, rank, rig.ll_in, out, stream);
+  write_ll_inputs(c, it.ll_expected, team.rank(), rig.ll_in);
+  ll_exchange_and_check(c, it.ll_expected, rig.ll, team, rig.ll_in, out, stream);
   rig.ll.check_errors();
 }
 
@@ -257,7 +257,7 @@ void run_rank(IterationSource& source, int iterations, Team& team, cudaStream_t 
       if (it->is_ht) {
         ht_exchange(*it, rig, rank, stream);
       } else {
-        ll_exchange(*it, rig, rank, stream);
+        ll_exchange(*it, rig, team, stream);
       }
     } catch (const std::exception& e) {
       ADD_FAILURE() << "rank " << rank << ": " << e.what();
