@@ -249,7 +249,8 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
   // stream, which kernels on non-blocking streams do not wait for.
   check_cuda(cudaMemsetAsync(impl_->counters, 0, sizes.zeroed, impl_->calls.comm_stream()),
              "cudaMemsetAsync(HT CTA counters)");
-  impl_->layout_scratch = kh::layout_scratch(impl_->counters + 1, options.max_tokens_per_rank, R, team.impl().view());
+  impl_->layout_scratch =
+      kh::layout_scratch(impl_->counters + 1, options.max_tokens_per_rank, R, options.num_experts, team.impl().view());
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out), sizes.combine_out),
              "cudaMalloc(HT combine output)");
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out_weights), sizes.combine_out_weights),

@@ -31,7 +31,8 @@ struct LayoutScratch {
   int32_t* expert_partials;  // [tiles][E]: each tile's tokens per expert
 };
 std::size_t layout_scratch_bytes(int max_tokens, int num_ranks, int num_experts);
-LayoutScratch layout_scratch(void* memory, int max_tokens, int num_ranks, const transport::TeamView& team);
+LayoutScratch layout_scratch(void* memory, int max_tokens, int num_ranks, int num_experts,
+                             const transport::TeamView& team);
 
 struct LayoutArgs {
   const void* topk_idx;

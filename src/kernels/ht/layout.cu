@@ -26,6 +26,7 @@
 //    tiles_taken = 0 (every tile has been taken) and calls = call (every CTA has read it).
 #include <algorithm>
 
+#include "core/area_cursor.hpp"
 #include "core/cuda_check.hpp"
 #include "kernels/ht/launch.hpp"
 #include "kernels/ht/protocol.cuh"
@@ -180,19 +181,39 @@ void load_layout_kernel() {
   detail::load_kernel(reinterpret_cast<const void*>(layout_kernel<kMaxLayoutTopk>), "HT layout kernel");
 }
 
-std::size_t layout_scratch_bytes(int max_tokens, int num_ranks, int num_experts) {
+namespace {
+
+// Where the scratch's arrays lie, from its start, and its size: the one layout both functions below use.
+struct ScratchOffsets {
+  std::size_t tile_totals, expert_partials, end;
+};
+
+ScratchOffsets scratch_offsets(int max_tokens, int num_ranks, int num_experts) {
   const std::size_t tiles = layout_tiles(max_tokens);
-  return sizeof(LayoutState) + sizeof(uint64_t) * tiles * num_ranks + sizeof(int32_t) * tiles * num_experts;
+  core::AreaCursor cursor(16);
+  cursor.take(sizeof(LayoutState));
+  ScratchOffsets o{};
+  o.tile_totals = cursor.take(sizeof(uint64_t) * tiles * num_ranks);
+  o.expert_partials = cursor.take(sizeof(int32_t) * tiles * num_experts);
+  o.end = cursor.end();
+  return o;
 }
 
-LayoutScratch layout_scratch(void* memory, int max_tokens, int num_ranks, const transport::TeamView& team) {
-  const std::size_t tiles = layout_tiles(max_tokens);
+}  // namespace
+
+std::size_t layout_scratch_bytes(int max_tokens, int num_ranks, int num_experts) {
+  return scratch_offsets(max_tokens, num_ranks, num_experts).end;
+}
+
+LayoutScratch layout_scratch(void* memory, int max_tokens, int num_ranks, int num_experts,
+                             const transport::TeamView& team) {
+  const ScratchOffsets o = scratch_offsets(max_tokens, num_ranks, num_experts);
   char* p = static_cast<char*>(memory);
   LayoutScratch s;
   s.team = team;
   s.state = reinterpret_cast<LayoutState*>(p);
-  s.tile_totals = reinterpret_cast<uint64_t*>(p + sizeof(LayoutState));
-  s.expert_partials = reinterpret_cast<int32_t*>(p + sizeof(LayoutState) + sizeof(uint64_t) * tiles * num_ranks);
+  s.tile_totals = reinterpret_cast<uint64_t*>(p + o.tile_totals);
+  s.expert_partials = reinterpret_cast<int32_t*>(p + o.expert_partials);
   return s;
 }
 
