@@ -9,7 +9,6 @@
 namespace epx::bench {
 
 struct StampProbe {
-  bool measured = false;    // needs at least 2 ranks on separate GPUs
   int64_t lines = 0;        // lines checked per granularity, over every rank and epoch (8 vectors each)
   int64_t torn_16 = 0;      // 16-byte vectors seen with this epoch's stamp and an older payload
   int64_t missing_16 = 0;   // vectors whose stamp never showed within the bound
@@ -17,7 +16,7 @@ struct StampProbe {
   int64_t missing_128 = 0;  // lines whose stamp never showed within the bound
 };
 
-// Collective over the team (one process per GPU, at least 2).
+// Collective over the team (one process per GPU, at least 2: measure_limits runs it only there).
 StampProbe probe_stamped_stores(Team& team);
 
 }  // namespace epx::bench
