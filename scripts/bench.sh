@@ -7,14 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${EPX_BUILD_DIR:-build}"
 bash scripts/install_deps.sh
-export NCCL_NVLS_ENABLE=0  # epx never uses NVLink multicast
-# NCCL's device API needs the run-time library to match the compile-time one: prefer PyTorch's wheel.
-wheel=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null || true)
-if [ -n "$wheel" ] && [ -f "$wheel/include/nccl_device.h" ]; then
-  export NCCL_ROOT="${NCCL_ROOT:-$wheel}"
-  export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-elif [ -n "$wheel" ]; then
-  export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source scripts/nccl_env.sh
+# Compile against the wheel's NCCL too where it has the device API's headers: then both match.
+if [ -n "$nccl_wheel" ] && [ -f "$nccl_wheel/include/nccl_device.h" ]; then
+  export NCCL_ROOT="${NCCL_ROOT:-$nccl_wheel}"
 fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DEPX_BUILD_TESTS=OFF >/dev/null
 cmake --build "$build" -j "$(nproc)" --target epx-bench

@@ -12,8 +12,7 @@
 # bench.json, summary.txt and logs.tar.gz (every log) in the output folder, for machines that return
 # few files.
 #
-# NCCL: the device API needs the NCCL library at run time to be the version epx was compiled against
-# (2.28.9). Where PyTorch's nvidia-nccl wheel is installed, its lib/ is put first on LD_LIBRARY_PATH.
+# NCCL: see scripts/nccl_env.sh (the wheel's library at run time; a build made here compiles against it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,22 +34,18 @@ out="${OUT:-$PWD/device-out}"
 mkdir -p "$out"
 build="${EPX_BUILD_DIR:-build}"
 
-export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
-wheel_lib=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null || true)
-if [ -n "$wheel_lib" ] && [ -d "$wheel_lib" ]; then
-  export LD_LIBRARY_PATH="$wheel_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source scripts/nccl_env.sh
 
 {
   echo "== machine"
   nvidia-smi -L
   nvidia-smi topo -m 2>/dev/null | head -12
-  echo "NCCL wheel lib: ${wheel_lib:-none}"
+  echo "NCCL wheel: ${nccl_wheel:-none}"
 } 2>&1 | tee "$out/machine.txt"
 
 if [ ! -x "$build/tests/epx_gpu_tests" ] || [ ! -x "$build/tests/epx_dead_peer_test" ] || [ ! -x "$build/bench/epx-bench" ]; then
   echo "== building in $build"
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${wheel_lib:+-DNCCL_ROOT="$(dirname "$wheel_lib")"} >"$out/build.log" 2>&1 &&
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${nccl_wheel:+-DNCCL_ROOT="$nccl_wheel"} >"$out/build.log" 2>&1 &&
     cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 fi
 ldd "$build/tests/epx_gpu_tests" | grep -E "nccl|cudart" | tee -a "$out/machine.txt"

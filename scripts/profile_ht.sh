@@ -34,9 +34,7 @@ build="${EPX_BUILD_DIR:-build}"
 [ -x "$build/bench/epx-bench" ] || { echo "no $build/bench/epx-bench: build first" >&2; exit 1; }
 command -v ncu >/dev/null || { echo "ncu is not on PATH" >&2; exit 1; }
 
-export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
-wheel_lib=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null || true)
-[ -n "$wheel_lib" ] && export LD_LIBRARY_PATH="$wheel_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source scripts/nccl_env.sh
 export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 20000))
 
 bench=("$build/bench/epx-bench" --skip-ll --timeout-ms 60000)
