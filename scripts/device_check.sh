@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The device script: on a GPU machine, build (or use a carried build), run every GPU test (C++, the
-# dead-peer test, Python with torch where it is installed) and the bench, and end with a short table. Logs and the bench JSON go to $OUT (or ./device-out).
+# The device script: on a GPU machine, build (or use a carried build), run the bench and every GPU test
+# (C++, the dead-peer test, Python with torch where it is installed), and end with a short table. Logs
+# and the bench JSON go to $OUT (or ./device-out).
 #
-#   scripts/device_check.sh [--kind NAME] [--commit SHA] [--tests FILTER] [--bench "ARGS"] [--no-bench] [--no-sanitizers] [--only-sanitizers] [--pack]
+#   scripts/device_check.sh [--kind NAME] [--commit SHA] [--tests FILTER] [--bench "ARGS"] [--no-bench]
+#                           [--no-sanitizers] [--only-sanitizers] [--pack]
 #
-# Defaults: every GPU test, the bench with --ht-tune --ll-tune, and the sanitizers. --tests takes a
-# gtest filter and --bench the bench's arguments (for a quicker look at one part); --no-bench leaves the
-# bench out (the tests alone, on a machine whose bench already ran). --only-sanitizers
-# runs the sanitizers alone (they take minutes: a call of their own on a machine with a time limit).
-# --pack leaves only
-# bench.json, summary.txt and logs.tar.gz (every log) in the output folder, for machines that return
-# few files.
+# Defaults: every GPU test, the bench with --ht-tune --ll-tune, and the sanitizers.
+#   --tests        a gtest filter; --bench the bench's arguments (a quicker look at one part)
+#   --no-bench     the tests alone (on a machine whose bench already ran)
+#   --only-sanitizers  the sanitizers alone (they take minutes: a call of their own where time is limited)
+#   --pack         leaves only bench.json, summary.txt and logs.tar.gz (every log) in the output
+#                  folder, for machines that return few files
 #
 # NCCL: see scripts/nccl_env.sh (the wheel's library at run time; a build made here compiles against it).
 set -uo pipefail
