@@ -54,9 +54,7 @@ class Checked(Structure):
     def __init__(self, *args, **fields):
         bounds = _field_bounds(type(self))
         for name, value in fields.items():
-            b = bounds.get(name)
-            if b is not None and isinstance(value, int) and not b[0] <= value <= b[1]:
-                _require_fits(name, b, value)  # raises
+            _require_fits(name, bounds.get(name), value)
         super().__init__(*args, **fields)
 
 
