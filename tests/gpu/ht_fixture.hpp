@@ -142,6 +142,14 @@ std::vector<T> download(const TensorRef& t) {
   return host;
 }
 
+// Waits for a call's stream, then throws for a wait that expired on the way (with masking on, an expired
+// wait masks the peer instead and reports nothing), so that a timeout is reported as one and not as
+// outputs that were never written. Before every comparison of outputs.
+inline void complete(Team& team, cudaStream_t stream) {
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  team.check_device_errors();
+}
+
 // Fills an output with a pattern no dispatch writes, in stream order.
 inline void poison(const TensorRef& t, cudaStream_t stream) {
   if (t.rows == 0 || t.data == nullptr) return;

@@ -18,13 +18,6 @@
 namespace epx::test {
 namespace {
 
-// Waits for the stream, then throws for a wait that expired on the way, so that a timeout is reported
-// as one and not as outputs that were never written; before every comparison.
-void complete(Team& team, cudaStream_t stream) {
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  team.check_device_errors();
-}
-
 void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t stream) {
   const int rank = team.rank();
   const ref::HtTokens& in = x.tokens[rank];
@@ -41,7 +34,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   // Outputs are complete in stream order (the exact form returns once N is known, not once rows landed),
   // so every check below synchronises the stream first.
   const HtDispatchResult exact = buffer.dispatch(args, on);
-  complete(team, stream);
+  ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   ASSERT_EQ(exact.num_recv_tokens, N) << "rank " << rank;
   EXPECT_EQ(exact.num_recv_tokens_per_expert_host, want.num_recv_tokens_per_expert) << "rank " << rank;
   check_dispatch(c, rank, exact, want, N);
@@ -55,7 +48,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   HtDispatchArgs worst = args;
   worst.num_worst_tokens = int64_t(x.R) * std::max(c.T, 1);
   const HtDispatchResult padded = buffer.dispatch(worst, on);
-  complete(team, stream);
+  ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   EXPECT_EQ(padded.num_rows, worst.num_worst_tokens);
   check_dispatch(c, rank, padded, want, N);
 
@@ -65,7 +58,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   HtDispatchArgs cached = args;
   cached.cached = exact.handle;
   const HtDispatchResult again = buffer.dispatch(cached, on);
-  complete(team, stream);
+  ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   ASSERT_EQ(again.num_recv_tokens, N);
   check_dispatch(c, rank, again, want, N);
 
@@ -82,7 +75,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   combine.bias = TensorRef::matrix(d_bias->data, ScalarType::bf16, c.T, c.H);
   combine.handle = exact.handle;
   const HtCombineResult out = buffer.combine(combine, on);
-  complete(team, stream);
+  ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   check_combine(c, rank, out, x.combine[rank]);
 
   // 5. Combine again with y and the weights written straight into the buffer's combine input.
@@ -98,7 +91,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   combine.y = in_place;
   combine.topk_weights = in_place_weights;
   const HtCombineResult zero_copy = buffer.combine(combine, on);
-  complete(team, stream);
+  ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   check_combine(c, rank, zero_copy, x.combine[rank]);
 }
 

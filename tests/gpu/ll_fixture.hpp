@@ -448,17 +448,15 @@ inline LlExpected ll_masked_expected(const LlCase& c, int R, uint32_t seed, cons
 }
 
 // One dispatch (its handle checked too) and one combine per order on this rank, with `in` holding `want`'s inputs,
-// checked against `want` (this rank's outputs only). Before each comparison a wait that expired is reported (it
-// throws; with masking on, an expired wait masks the peer instead), so that a timeout is not taken for outputs
-// that were never written. Nothing is allocated or freed here: on a single-GPU team a cudaFree waits for every
-// kernel of the GPU, other ranks' included, which may be waiting for this rank.
+// checked against `want` (this rank's outputs only), each call first completed (complete: an expired wait is
+// reported as one). Nothing is allocated or freed here: on a single-GPU team a cudaFree waits for every kernel
+// of the GPU, other ranks' included, which may be waiting for this rank.
 inline void ll_exchange_and_check(const LlCase& c, const LlExpected& want, LlBuffer& buffer, Team& team,
                                   const LlRankInputs& in, const LlOutputs& out, cudaStream_t stream) {
   const int rank = team.rank();
   poison_ll_outputs(out, stream);
   const LlDispatchResult d = buffer.dispatch(ll_dispatch_args(c, in, out), Streams{stream});
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  team.check_device_errors();
+  ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   EXPECT_EQ(d.handle.buffer, &buffer) << "rank " << rank;
   EXPECT_EQ(d.handle.num_tokens, c.T) << "rank " << rank;
   EXPECT_EQ(d.handle.topk, c.K) << "rank " << rank;
@@ -468,8 +466,7 @@ inline void ll_exchange_and_check(const LlCase& c, const LlExpected& want, LlBuf
   for (const LlCombineOrder order : ll_orders(c)) {
     poison(out.out, stream);
     buffer.combine(ll_combine_args(c, want, in, out, d.handle, order), Streams{stream});
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    team.check_device_errors();
+    ASSERT_NO_FATAL_FAILURE(complete(team, stream));
     check_ll_combine(c, want, rank, out, order);
   }
 }
