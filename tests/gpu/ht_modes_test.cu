@@ -82,8 +82,7 @@ void graph_rounds(const std::vector<Expected>& expected, Team& team, cudaStream_
     copy_to_device(yw.data, x.y[rank].topk_weights.data);
     copy_to_device(bias.data, x.bias[rank].data);
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    team.check_device_errors();
+    ASSERT_NO_FATAL_FAILURE(complete(team, stream));
     check_dispatch(kCase, rank, d, x.dispatch.recv[rank], x.dispatch.recv[rank].num_recv_tokens);
     check_combine(kCase, rank, c, x.combine[rank]);
   }
