@@ -4,12 +4,13 @@
 # and the bench JSON go to $OUT (or ./device-out).
 #
 #   scripts/device_check.sh [--kind NAME] [--commit SHA] [--tests FILTER] [--bench "ARGS"] [--no-bench]
-#                           [--no-sanitizers] [--only-sanitizers] [--pack]
+#                           [--no-sanitizers] [--only-sanitizers] [--sanitizer-tests FILTER] [--pack]
 #
 # Defaults: every GPU test, the bench with --ht-tune --ll-tune, and the sanitizers.
 #   --tests        a gtest filter; --bench the bench's arguments (a quicker look at one part)
 #   --no-bench     the tests alone (on a machine whose bench already ran)
 #   --only-sanitizers  the sanitizers alone (they take minutes: a call of their own where time is limited)
+#   --sanitizer-tests  the gtest filter the sanitizers run (default: the small-shape filter below)
 #   --pack         leaves only bench.json, summary.txt and logs.tar.gz (every log) in the output
 #                  folder, for machines that return few files
 #
@@ -18,6 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 kind="" commit="${EPX_COMMIT:-unknown}" tests="*" bench_args="--ht-tune --ll-tune" run_bench=1 sanitizers=1 only_sanitizers=0 pack=0
+sanitizer_tests=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --kind) kind="$2"; shift 2 ;;
@@ -27,8 +29,9 @@ while [ $# -gt 0 ]; do
     --no-bench) run_bench=0; shift ;;
     --no-sanitizers) sanitizers=0; shift ;;
     --only-sanitizers) only_sanitizers=1; shift ;;
+    --sanitizer-tests) sanitizer_tests="$2"; shift 2 ;;
     --pack) pack=1; shift ;;
-    *) echo "usage: $0 [--kind NAME] [--commit SHA] [--tests FILTER] [--bench \"ARGS\"] [--no-bench] [--no-sanitizers] [--only-sanitizers] [--pack]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--kind NAME] [--commit SHA] [--tests FILTER] [--bench \"ARGS\"] [--no-bench] [--no-sanitizers] [--only-sanitizers] [--sanitizer-tests FILTER] [--pack]" >&2; exit 2 ;;
   esac
 done
 out="${OUT:-$PWD/device-out}"
@@ -130,6 +133,7 @@ sanitizers_run() {
   small+=':Cases/LlExchange.MatchesReference/World_SmallerThanBuffer_Ue8m0'
   small+=':Cases/LlExchange.MatchesReference/World_RepeatedExperts_Fp8RoundScale_ColumnMajorScales'
   small+=':LlTimeout.*:LlMask.WorldRanksMaskEachOtherThenRejoin'
+  [ -n "$sanitizer_tests" ] && small="$sanitizer_tests"
   for tool in memcheck racecheck; do
     EPX_TEST_TIMEOUT_SCALE=10 timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --target-processes all \
       "$build/tests/epx_gpu_tests" --gtest_filter="$small" >"$out/$tool.log" 2>&1
