@@ -240,10 +240,7 @@ INSTANTIATE_TEST_SUITE_P(Teams, LlModes, ::testing::Values(0, 4), [](const ::tes
 });
 
 // (7) A bad argument throws epx::Error (invalid_argument) before anything is launched, with a message
-// holding every one of `words`.
-void expect_refused(const std::function<void()>& call, std::initializer_list<std::string> words, int rank) {
-  expect_error(ErrorKind::invalid_argument, words, call, "rank " + std::to_string(rank));
-}
+// holding every one of its words (expect_error).
 
 void refuse_bad_dispatch_arguments(Rig& rig, const Streams& on, int rank) {
   const LlCase& c = rig.c;
@@ -251,7 +248,8 @@ void refuse_bad_dispatch_arguments(Rig& rig, const Streams& on, int rank) {
   const auto refused = [&](const std::function<void(LlDispatchArgs&)>& edit, std::initializer_list<std::string> words) {
     LlDispatchArgs a = good;
     edit(a);
-    expect_refused([&] { rig.buffer.dispatch(a, on); }, words, rank);
+    expect_error(
+        ErrorKind::invalid_argument, words, [&] { rig.buffer.dispatch(a, on); }, "rank " + std::to_string(rank));
   };
   refused([&](LlDispatchArgs& a) { a.x.rows = a.topk_idx.rows = a.topk_weights.rows = c.T_max + 1; },
           {"max_tokens_per_rank"});
@@ -302,7 +300,8 @@ void refuse_bad_combine_arguments(Rig& rig, const Streams& on, int rank) {
   const auto refused = [&](const std::function<void(LlCombineArgs&)>& edit, std::initializer_list<std::string> words) {
     LlCombineArgs a = good;
     edit(a);
-    expect_refused([&] { rig.buffer.combine(a, on); }, words, rank);
+    expect_error(
+        ErrorKind::invalid_argument, words, [&] { rig.buffer.combine(a, on); }, "rank " + std::to_string(rank));
   };
   refused([&](LlCombineArgs& a) { a.handle = d[0].handle; }, {"handle"});
   refused([&](LlCombineArgs& a) { a.handle.buffer = &rig; }, {"handle"});
@@ -347,7 +346,9 @@ TEST(LlValidation, BadArgumentsAreRefusedBeforeLaunch) {
     const auto refused = [&](const std::function<void(LlBufferOptions&)>& edit, const char* word) {
       LlBufferOptions o = good;
       edit(o);
-      expect_refused([&] { const LlBuffer refused_buffer(team, o); }, {word}, rank);
+      expect_error(
+          ErrorKind::invalid_argument, {word}, [&] { const LlBuffer refused_buffer(team, o); },
+          "rank " + std::to_string(rank));
     };
     refused([](LlBufferOptions& o) { o.num_experts = 33; }, "num_experts");  // not a multiple of 2 ranks
     refused([](LlBufferOptions& o) { o.max_topk = 17; }, "max_topk");
