@@ -127,13 +127,15 @@ bench() {
 # its slowdown).
 sanitizers_run() {
   echo "== compute-sanitizer (small shapes)"
-  local small='Cases/HtExchange.MatchesReference/SingleGpu2_Uniform:Cases/HtExchange.MatchesReference/SingleGpu4_Zipf_Fp8_Int32'
-  small+=':Cases/HtExchange.MatchesReference/World_Zipf_Aligned4:TransportTimeout.*:HtTimeout.*'
-  small+=':Cases/HtLayoutTest.MatchesReference/OneTokenIntoTheSecondTile:Cases/HtLayoutTest.MatchesReference/NineSlots_Int32'
-  small+=':Cases/LlExchange.MatchesReference/World_SmallerThanBuffer_Ue8m0'
-  small+=':Cases/LlExchange.MatchesReference/World_RepeatedExperts_Fp8RoundScale_ColumnMajorScales'
-  small+=':LlTimeout.*:LlMask.WorldRanksMaskEachOtherThenRejoin'
-  [ -n "$sanitizer_tests" ] && small="$sanitizer_tests"
+  local small="$sanitizer_tests"
+  if [ -z "$small" ]; then
+    small='Cases/HtExchange.MatchesReference/SingleGpu2_Uniform:Cases/HtExchange.MatchesReference/SingleGpu4_Zipf_Fp8_Int32'
+    small+=':Cases/HtExchange.MatchesReference/World_Zipf_Aligned4:TransportTimeout.*:HtTimeout.*'
+    small+=':Cases/HtLayoutTest.MatchesReference/OneTokenIntoTheSecondTile:Cases/HtLayoutTest.MatchesReference/NineSlots_Int32'
+    small+=':Cases/LlExchange.MatchesReference/World_SmallerThanBuffer_Ue8m0'
+    small+=':Cases/LlExchange.MatchesReference/World_RepeatedExperts_Fp8RoundScale_ColumnMajorScales'
+    small+=':LlTimeout.*:LlMask.WorldRanksMaskEachOtherThenRejoin'
+  fi
   for tool in memcheck racecheck; do
     EPX_TEST_TIMEOUT_SCALE=10 timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --target-processes all \
       "$build/tests/epx_gpu_tests" --gtest_filter="$small" >"$out/$tool.log" 2>&1
