@@ -89,6 +89,7 @@ kh::BufferView HtBuffer::Impl::make_view() const {
   v.notify_counts = areas.notify_counts;
   v.notify_expert_counts = areas.notify_expert_counts;
   v.flags = areas.flags;
+  v.combine_progress = areas.combine_progress;
   v.sequence = areas.sequence;
   v.recv_x = areas.recv_x;
   v.recv_scales = areas.recv_scales;
@@ -479,11 +480,12 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   c.topk = handle.topk;
   c.hidden = int32_t(H);
   c.blocks_done = &im.counters->combine_blocks_done;
-  // The peers read y (and the weights) from the buffer's combine input: copy the rows they read there,
-  // unless the caller already wrote them in place (combine_input()).
-  if ((!y_in_place || (weights && !weights_in_place)) && handle.num_rows > 0) {
-    kh::launch_stage_combine_input(c, !y_in_place, weights && !weights_in_place, 2 * im.sm_count, stream);
-  }
+  // The peers read y (and the weights) from the buffer's combine input: the copy kernel copies the rows
+  // they read there while they pull (the combine kernel starts beside it), unless the caller already
+  // wrote them in place (combine_input()), or there are no peers. Without the copy kernel, the combine
+  // kernel follows the caller's work in plain stream order.
+  c.staged = im.team.size() > 1 && (!y_in_place || (weights && !weights_in_place)) && handle.num_rows > 0;
+  if (c.staged) kh::launch_stage_combine_input(c, !y_in_place, weights && !weights_in_place, stream);
   kh::launch_combine(c, im.config.num_sms, stream);
   handle.mark_use(stream);
 

@@ -16,6 +16,7 @@ HtAreas ht_areas(const HtBufferOptions& o, int num_ranks) {
   a.notify_counts = c.take(sizeof(int32_t) * R * (R + 1));
   a.notify_expert_counts = c.take(sizeof(int32_t) * R * a.experts_per_rank());
   a.flags = c.take(sizeof(uint64_t) * kHtFlagKinds * R);
+  a.combine_progress = c.take(sizeof(uint64_t) * R * kCombineCopyCtas);
   a.sequence = c.take(sizeof(uint64_t) * kHtFlagKinds);
   a.recv_x = c.take(rows * a.x_row_bytes);
   a.recv_scales = c.take(rows * sizeof(float) * a.scale_cols());

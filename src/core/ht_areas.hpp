@@ -1,6 +1,7 @@
 // Where everything of an HtBuffer lives in its symmetric allocation (the same offsets on every rank).
 //
-//   control   notify counts and flags (see src/kernels/ht/count_exchange.cuh for who writes what)
+//   control   notify counts and flags (see src/kernels/ht/count_exchange.cuh for who writes what), and
+//             the progress words of the combine input's copy (src/kernels/ht/combine_input.cu)
 //   dispatch  the receive area: R * T_max rows of x, scales, src_idx, topk_idx, topk_weights
 //   combine   combine's input: one row of y (and weights) per received row, which the home ranks read
 //
@@ -16,14 +17,24 @@ namespace epx::core {
 
 // The flags of an HtBuffer: uint64 counters [kind][source rank] in the receiving rank's control area.
 // All grow by one per call, so a waiter asks for "at least the call number". Who writes and who waits
-// is documented with the kernels (src/kernels/ht/).
+// is documented with the kernels (src/kernels/ht/). sequence[kind] is this rank's call number of the
+// op that signals that kind.
 enum HtFlag : int {
   kDispatchNotify = 0,  // source s wrote its counts to me (or, cached, is ready to send)
   kDispatchDone,        // source s finished writing its rows to me
-  kCombineReady,        // rank s's combine input is complete for this combine
   kCombineDone,         // home rank s finished reading my combine input
   kHtFlagKinds
 };
+
+// The combine input's rows for one home rank come in groups of kCombineCopyRows rows (of that rank's
+// block); kCombineCopyCtas CTAs of the copy kernel share them, CTA l taking groups l, l + kCombineCopyCtas, ...
+// in order, and each tells the home rank how many it has copied (src/kernels/ht/combine_input.cu).
+inline constexpr int kCombineCopyRows = 16;
+inline constexpr int kCombineCopyCtas = 32;
+// A progress word: the call number in the high 32 bits, the groups copied in the low 32 (all of them:
+// kEveryGroup). It grows within a call and from one call to the next (call numbers stay below 2^32).
+inline constexpr uint32_t kEveryGroup = 0xFFFFFFFFu;
+inline constexpr uint64_t combine_progress_value(uint64_t call, uint32_t groups) { return (call << 32) | groups; }
 
 struct HtAreas {
   int num_ranks = 0;
@@ -36,6 +47,8 @@ struct HtAreas {
   std::size_t notify_counts = 0;  // int32 [R source][R + 1]: source's tokens per destination rank, then its status
   std::size_t notify_expert_counts = 0;   // int32 [R source][E_local]: source's tokens per local expert
   std::size_t flags = 0;                  // uint64 [kHtFlagKinds][R source]
+  std::size_t combine_progress = 0;       // uint64 [R expert side][kCombineCopyCtas]: progress words of the copies
+                                          // of my rows into each rank's combine input
   std::size_t sequence = 0;               // uint64 [kHtFlagKinds]: this rank's call numbers (owner only;
                                           // kept on the device so that replayed CUDA graphs advance them)
   std::size_t recv_x = 0;                 // [recv_rows][x_row_bytes]

@@ -12,18 +12,10 @@ namespace epx::test {
 
 // Returns "" when `a` (made from `o` for `num_ranks`) keeps every invariant, else the first one broken.
 inline std::string broken_ht_areas_invariant(const core::HtAreas& a, const HtBufferOptions& o, int num_ranks) {
-  const std::size_t offsets[] = {a.notify_counts,
-                                 a.notify_expert_counts,
-                                 a.flags,
-                                 a.sequence,
-                                 a.recv_x,
-                                 a.recv_scales,
-                                 a.recv_src_idx,
-                                 a.recv_topk_idx,
-                                 a.recv_topk_weights,
-                                 a.combine_input,
-                                 a.combine_input_weights,
-                                 a.total};
+  const std::size_t offsets[] = {
+      a.notify_counts, a.notify_expert_counts,  a.flags,        a.combine_progress, a.sequence,
+      a.recv_x,        a.recv_scales,           a.recv_src_idx, a.recv_topk_idx,    a.recv_topk_weights,
+      a.combine_input, a.combine_input_weights, a.total};
   for (std::size_t i = 0; i + 1 < sizeof(offsets) / sizeof(offsets[0]); ++i) {
     if (offsets[i] % 128 != 0) return "area " + std::to_string(i) + " is not 128-byte aligned";
     if (offsets[i] >= offsets[i + 1]) return "area " + std::to_string(i) + " does not end before the next";
@@ -31,6 +23,8 @@ inline std::string broken_ht_areas_invariant(const core::HtAreas& a, const HtBuf
   const std::size_t R = num_ranks, rows = R * o.max_tokens_per_rank, row_bytes = std::size_t(o.hidden) * 2;
   if (a.recv_rows != int64_t(rows)) return "recv_rows is not R * max_tokens_per_rank";
   if (a.notify_expert_counts - a.notify_counts < sizeof(int32_t) * R * (R + 1)) return "the count area is short";
+  if (a.sequence - a.combine_progress < sizeof(uint64_t) * R * core::kCombineCopyCtas)
+    return "the progress area is short";
   if (a.recv_scales - a.recv_x < rows * row_bytes) return "the receive area is short";
   if (a.recv_topk_weights - a.recv_topk_idx < rows * o.max_topk * sizeof(int64_t)) return "topk_idx area is short";
   if (a.combine_input_weights - a.combine_input < rows * row_bytes) return "the combine input is short";

@@ -13,22 +13,37 @@
 // chunk's last rank they write that chunk of out[t].
 //
 // Protocol (flags of core::HtFlag):
-//   * Every CTA computes seq = sequence[kCombineReady] + 1; the last CTA to finish stores it, after
-//     all CTAs have read the old value.
-//   * CTA 0 adds 1 to flag[kCombineReady][me] on every rank (release): "my combine input is complete"
-//     (the caller wrote it, or the library copied it, earlier on this stream).
-//   * Every CTA waits (acquire) until its own flag[kCombineReady][r] >= seq for every r, then lane 0
-//     of each warp orders that acquire before its bulk loads (proxy fence) and starts them.
+//   * Every CTA computes seq = sequence[kCombineDone] + 1; the last CTA stores it once every home rank
+//     has read every row of this rank's combine input (completion, below), so after every CTA of this
+//     kernel has read the old value (the copy kernel's CTAs read it before this kernel can start).
+//   * My combine input holds home rank s's rows (its block) in groups of kCombineCopyRows; copy word
+//     progress(s, me, l) (in s's memory) is combine_progress_value(seq, d) once groups l, l + K, ...
+//     (d of them, K = kCombineCopyCtas) are there. The copy kernel raises the words as it copies
+//     (a.staged; combine_input.cu). It runs first, and this kernel is launched as its programmatic
+//     dependent: every copy CTA allows that launch as it starts, so the two run side by side. Where the
+//     launch is not early (a tool that serialises kernels, or no SM free), this kernel starts after
+//     the copy and finds every word set: it never waits for a kernel queued behind it. Otherwise the
+//     caller wrote the input in place earlier on this stream, and CTA 0 sets every word to
+//     (seq, kEveryGroup) at the start.
+//   * Before lane 0 of a warp loads the first piece of row j of my block on rank r != me, unless j is
+//     below the warp's ready_until[r], the warp waits: lane 0 (acquire, bounded) for the word of j's
+//     group g, progress(me, r, g % K) >= (seq, g / K + 1); then lane l reads word l (acquire), and
+//     ready_until[r] becomes the prefix every word promises, min over l of (l + K * d_l) groups. A
+//     __syncwarp orders the lanes' acquires before lane 0's proxy fence and bulk loads. So a warp waits
+//     a few times per rank while the copy runs ahead of it, and once when the input was in place.
+//     This rank's own rows come from the caller's y.
 //   * Piece buffers: piece k of a warp goes to slot k % kSlots and completes phase (k / kSlots) & 1 of
 //     that slot's mbarrier (lane 0 announces the bytes, the copy engine completes them; every lane
 //     waits, bounded). Lane 0 reloads a slot only after __syncwarp has followed every lane's reads of
 //     its previous piece, and a proxy fence orders those reads before the copy engine's writes.
 //   * Completion: each CTA fences and adds to a private counter once every piece it started has
 //     landed; the last one adds 1 to flag[kCombineDone][me] on every rank ("I have finished reading
-//     your input"), then waits until its own flag[kCombineDone][r] >= seq for every r. So when the
-//     kernel ends, nobody reads this rank's combine input any more, and the caller may write the next
-//     one in stream order. (A warp whose wait expired stops with loads possibly in flight; its team
-//     has failed then, and signals nothing.)
+//     your input"), waits until its own flag[kCombineDone][r] >= seq for every r, and then stores
+//     sequence = seq. So when the kernel ends, nobody reads this rank's combine input any more, and the
+//     caller may write the next one in stream order (what follows on the stream follows the copy kernel
+//     too).
+//     (A warp whose wait expired stops with loads possibly in flight; its team has failed then, and
+//     signals nothing.)
 #include <cuda_bf16.h>
 
 #include "core/cuda_check.hpp"
@@ -95,6 +110,19 @@ struct WarpTokens {
   __device__ int64_t token(int i) const { return first + int64_t(i) * stride; }
 };
 
+// The caller wrote the combine input in place (no copy kernel): CTA 0 tells every home rank that all
+// its rows are there (see the protocol).
+__device__ void signal_every_group(const BufferView& b, uint64_t seq) {
+  const int me = b.team.rank;
+  for (int i = threadIdx.x; i < b.team.nranks * core::kCombineCopyCtas; i += blockDim.x) {
+    const int s = i / core::kCombineCopyCtas;
+    if (s != me) {
+      transport::store_release_sys(b.combine_progress_of(s, me, i % core::kCombineCopyCtas),
+                                   core::combine_progress_value(seq, core::kEveryGroup));
+    }
+  }
+}
+
 // The next piece a warp loads: its token i (rows gathered in `rows`, n of them), chunk, and which of
 // the token's ranks. Every lane holds the same copy; lane 0 starts the loads.
 struct PieceLoader {
@@ -102,8 +130,10 @@ struct PieceLoader {
   const WarpTokens& tokens;
   TokenRows& rows;
   uint8_t* slots;
-  uint64_t* landed;  // [kSlots] mbarriers
+  uint64_t* landed;       // [kSlots] mbarriers
+  uint32_t* ready_until;  // [R]: rank r's combine input holds my block's rows below ready_until[r]
   int R, row_bytes, chunks;
+  uint64_t seq;
   int i = 0, n = 0, chunk = 0, index = 0;
   uint32_t started = 0;  // pieces started so far (piece k goes to slot k % kSlots)
 
@@ -115,30 +145,65 @@ struct PieceLoader {
     }
   }
 
+  // The whole warp: waits until rank r's combine input holds `row` of my block, then takes the prefix
+  // of the block that r's copy words promise as this warp's ready_until[r] (see the protocol).
+  // Returns false on every lane when the wait failed.
+  __device__ bool await_row(int r, int64_t row) const {
+    static_assert(core::kCombineCopyCtas == kWarp, "a lane per copy CTA");
+    constexpr int K = core::kCombineCopyCtas;
+    const BufferView& b = a.buffer;
+    const int lane = threadIdx.x % kWarp, me = b.team.rank;
+    const int64_t begin = a.handle.send_begin[r];  // my block's first row on r
+    const int64_t g = (row - begin) / core::kCombineCopyRows;
+    bool ok = true;
+    if (lane == 0) {
+      ok = transport::wait_at_least(
+          b.team, b.combine_progress_of(me, r, int(g % K)), core::combine_progress_value(seq, uint32_t(g / K + 1)),
+          transport::WaitSite{transport::WaitPhase::ht_combine_ready, r, uint32_t(row - begin)});
+    }
+    if (!__shfl_sync(~0u, ok, 0)) return false;
+    // Lane l reads copy CTA l's word (no later call's value can be there: see the protocol). Groups
+    // below l + K * done_l are there for every l.
+    const uint64_t word = transport::load_acquire_sys(b.combine_progress_of(me, r, lane));
+    const uint32_t done = (word >> 32) == seq ? uint32_t(word) : 0u;
+    int64_t groups = done == core::kEveryGroup ? int64_t(INT32_MAX) : lane + int64_t(done) * K;
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) groups = min(groups, __shfl_xor_sync(~0u, groups, offset));
+    __syncwarp();  // every lane's acquire, before lane 0's bulk loads
+    if (lane == 0) {
+      ready_until[r] = uint32_t(min(begin + groups * core::kCombineCopyRows, int64_t(UINT32_MAX)));
+      fence_async_global();  // the acquires, before the bulk loads of those rows
+    }
+    __syncwarp();
+    return true;
+  }
+
   // Lane 0 starts loading the next piece into slot started % kSlots (whose previous piece every lane
-  // has added: see the protocol); then every lane moves on to the piece after it.
-  __device__ void start_next() {
-    if (i >= tokens.count) return;
+  // has added: see the protocol), the first piece of another rank's row once that rank's copy holds
+  // it; then every lane moves on to the piece after it. Returns false on every lane when a wait failed.
+  __device__ bool start_next() {
+    if (i >= tokens.count) return true;
+    const int r = rows.rank[index];
+    const int64_t row = rows.row[index];
+    const bool own = r == a.buffer.team.rank;
+    if (!own && chunk == 0 && row >= ready_until[r] && !await_row(r, row)) return false;
     if (threadIdx.x % kWarp == 0) {
       const int slot = int(started % kSlots);
       const int offset = chunk * kPieceBytes;
       const int bytes = min(kPieceBytes, row_bytes - offset);
-      const int r = rows.rank[index];
-      const int64_t row = rows.row[index];
-      const uint8_t* src = r == a.buffer.team.rank
-                               ? reinterpret_cast<const uint8_t*>(a.y + row * a.y_row_stride) + offset
+      const uint8_t* src = own ? reinterpret_cast<const uint8_t*>(a.y + row * a.y_row_stride) + offset
                                : a.buffer.at<uint8_t>(r, a.buffer.combine_input) + row * row_bytes + offset;
       fence_async_shared();  // the lanes' reads of the slot's previous piece come first
       mbarrier_expect_bytes(&landed[slot], uint32_t(bytes));
       bulk_load(slots + slot * kPieceBytes, src, uint32_t(bytes), &landed[slot]);
     }
     ++started;
-    if (++index < n) return;
+    if (++index < n) return true;
     index = 0;
-    if (++chunk < chunks) return;
+    if (++chunk < chunks) return true;
     chunk = 0;
     ++i;
     find_token();
+    return true;
   }
 };
 
@@ -146,32 +211,38 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   const BufferView& b = a.buffer;
   const int R = b.team.nranks, me = b.team.rank;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  extern __shared__ __align__(128) uint8_t stage_memory[];  // [warp][slot][kPieceBytes]
-  __shared__ uint64_t landed_of[kWarpsPerCta][kSlots];      // mbarriers: a slot's piece has landed
-  __shared__ TokenRows loading_of[kWarpsPerCta];            // the rows of the token being loaded
-  __shared__ TokenRows adding_of[kWarpsPerCta];             // the rows of the token being added
+  extern __shared__ __align__(128) uint8_t stage_memory[];      // [warp][slot][kPieceBytes]
+  __shared__ uint64_t landed_of[kWarpsPerCta][kSlots];          // mbarriers: a slot's piece has landed
+  __shared__ TokenRows loading_of[kWarpsPerCta];                // the rows of the token being loaded
+  __shared__ TokenRows adding_of[kWarpsPerCta];                 // the rows of the token being added
+  __shared__ uint32_t ready_until_of[kWarpsPerCta][kMaxRanks];  // see PieceLoader::ready_until
   uint64_t* landed = landed_of[warp];
-  uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kCombineReady;
+  uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kCombineDone;
   const uint64_t seq = *sequence + 1;
   if (lane == 0) {
     for (int s = 0; s < kSlots; ++s) mbarrier_init(&landed[s], 1);
   }
-  if (blockIdx.x == 0) {
-    for (int r = threadIdx.x; r < R; r += blockDim.x) transport::add_release_sys(b.flag(r, core::kCombineReady, me), 1);
-  }
-  bool ok = wait_for_every_rank(b, core::kCombineReady, seq, transport::WaitPhase::ht_combine_ready);
-  if (lane == 0) fence_async_global();  // the acquire above, before this lane's bulk loads
+  for (int r = lane; r < R; r += kWarp) ready_until_of[warp][r] = 0;
+  if (blockIdx.x == 0 && !a.staged) signal_every_group(b, seq);
+  __syncthreads();  // the barriers and ready_until are initialised
 
   const int row_bytes = 2 * a.hidden;
   const int chunks = (row_bytes + kPieceBytes - 1) / kPieceBytes;
   const WarpTokens tokens(a.num_tokens, warp);
-  PieceLoader loader{a,      tokens, loading_of[warp], stage_memory + warp * kSlots * kPieceBytes,
-                     landed, R,      row_bytes,        chunks};
+  PieceLoader loader{a,
+                     tokens,
+                     loading_of[warp],
+                     stage_memory + warp * kSlots * kPieceBytes,
+                     landed,
+                     ready_until_of[warp],
+                     R,
+                     row_bytes,
+                     chunks,
+                     seq};
   TokenRows& rows = adding_of[warp];
-  if (ok) {
-    loader.find_token();
-    for (int k = 0; k < kSlots - 1; ++k) loader.start_next();
-  }
+  bool ok = true;
+  loader.find_token();
+  for (int k = 0; ok && k < kSlots - 1; ++k) ok = loader.start_next();
   uint32_t added = 0;  // pieces added so far
   for (int i = 0; ok && i < tokens.count; ++i) {
     const int64_t t = tokens.token(i);
@@ -180,8 +251,9 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
       const int vectors = min(kPieceBytes, row_bytes - chunk * kPieceBytes) / 16;
       float acc[kVectorsPerLane][8] = {};
       for (int j = 0; j < n; ++j, ++added) {
-        __syncwarp();         // every lane has read the previous piece: its slot may be reloaded
-        loader.start_next();  // piece added + kSlots - 1, into that slot
+        __syncwarp();              // every lane has read the previous piece: its slot may be reloaded
+        ok = loader.start_next();  // piece added + kSlots - 1, into that slot
+        if (!ok) break;
         const int slot = int(added % kSlots);
         ok = __all_sync(0xffffffffu,
                         mbarrier_wait(b.team, &landed[slot], (added / kSlots) & 1u,
@@ -222,16 +294,32 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
     }
   }
 
-  if (last_cta_signals(b, core::kCombineDone, a.blocks_done, sequence, seq)) {
-    wait_for_every_rank(b, core::kCombineDone, seq, transport::WaitPhase::ht_combine_done);
+  // The last CTA stores sequence = seq only once every rank is done: the copy kernel's CTAs read the old
+  // value too, and each one that signals does so before the home rank reading its rows can be done.
+  const bool last = signal_when_last(b.team, a.blocks_done, [&] {
+    for (int r = 0; r < R; ++r) transport::add_release_sys(b.flag(r, core::kCombineDone, me), 1);
+  });
+  if (last && wait_for_every_rank(b, core::kCombineDone, seq, transport::WaitPhase::ht_combine_done) &&
+      threadIdx.x == 0) {
+    *sequence = seq;
   }
 }
 
 }  // namespace
 
 void launch_combine(const CombineArgs& args, int num_blocks, cudaStream_t stream) {
-  combine_pull_kernel<<<num_blocks, kThreads, kStageBytes, stream>>>(args);
-  detail::check_launch("ht combine_pull_kernel");
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(num_blocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kStageBytes;
+  config.stream = stream;
+  // Behind the copy kernel (args.staged), which writes nothing this kernel reads in stream order.
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = args.staged ? 1 : 0;
+  detail::check_cuda(cudaLaunchKernelEx(&config, combine_pull_kernel, args), "launching HT combine_pull_kernel");
 }
 
 void load_combine_kernel() {

@@ -1,8 +1,19 @@
-// HT combine, before the pull: the rows of y that other ranks read must be in this rank's combine
-// input (symmetric memory); this rank's own rows, read only here, stay in the caller's y. Rows of
-// source s are [recv_begin[s], recv_begin[s + 1]) (the dispatch's handle), so the rows to copy are
-// [0, recv_begin[me]) and [recv_begin[me + 1], N). No protocol: the kernel precedes the combine kernel
-// in stream order, which signals that the input is complete (combine.cu).
+// HT combine, the copy of y: the rows of y that other ranks read must be in this rank's combine input
+// (symmetric memory); this rank's own rows, read only here, stay in the caller's y. Rows of source s
+// are [recv_begin[s], recv_begin[s + 1]) (the dispatch's handle). The kernel runs right before the
+// combine kernel, which it lets start at once (programmatic dependent launch), so home ranks pull rows
+// while the rest are copied.
+//
+// Protocol (the progress words of core::HtAreas, values combine_progress_value(call, groups)):
+//   * Rows of home rank s's block (s != me) go in groups of kCombineCopyRows, a row per warp. CTA
+//     (h, l) of the grid (h: the h-th home rank other than me, l < kCombineCopyCtas) copies groups
+//     l, l + kCombineCopyCtas, ... of that block, in that order.
+//   * Every CTA reads seq = sequence[kCombineDone] + 1, then allows the combine kernel behind it to
+//     start (which stores seq only at its end): no CTA reads a later call's number. No CTA waits for
+//     anything, so this kernel ends whether or not the combine kernel runs beside it.
+//   * After each group: __syncthreads (every warp's stores of the group), then thread 0 fences (system
+//     scope) and sets progress(s, me, l) = (seq, groups done so far) in s's memory (release). The
+//     combine kernel on s reads rows only below what these words promise.
 #include "core/cuda_check.hpp"
 #include "kernels/common/grid.cuh"
 #include "kernels/ht/copy.cuh"
@@ -12,50 +23,64 @@ namespace epx::kernels::ht {
 namespace {
 
 constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / kWarp;
+static_assert(kWarps == core::kCombineCopyRows, "a row of a group per warp");
 constexpr int kUnroll = 4;  // 16-byte vectors each lane loads before it stores
+
+// The whole warp copies row `row` of y (copy_y) and of the weights (copy_weights) into the combine input.
+__device__ void copy_row(const CombineArgs& a, int64_t row, bool copy_y, bool copy_weights) {
+  const BufferView& b = a.buffer;
+  const int lane = threadIdx.x % kWarp, me = b.team.rank;
+  if (copy_y) {
+    const int vectors = a.hidden / 8;  // 8 bf16 per 16-byte vector
+    const int4* src = reinterpret_cast<const int4*>(a.y + row * a.y_row_stride);
+    int4* dst = b.at<int4>(me, b.combine_input) + row * vectors;
+    for (int base = 0; base < vectors; base += kWarp * kUnroll) {
+      int4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = base + u * kWarp + lane;
+        if (j < vectors) v[u] = load_stream(src + j);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = base + u * kWarp + lane;
+        if (j < vectors) dst[j] = v[u];
+      }
+    }
+  }
+  if (copy_weights && lane < a.topk) {
+    b.at<float>(me, b.combine_input_weights)[row * a.topk + lane] = a.weights[row * a.weights_row_stride + lane];
+  }
+}
 
 __global__ void __launch_bounds__(kThreads) stage_combine_input_kernel(CombineArgs a, bool copy_y, bool copy_weights) {
   const BufferView& b = a.buffer;
-  const int R = b.team.nranks, me = b.team.rank, lane = threadIdx.x % kWarp;
-  // Bounded by the rows of y, whatever the handle holds.
+  const int R = b.team.nranks, me = b.team.rank;
+  const int h = int(blockIdx.x) / core::kCombineCopyCtas, l = int(blockIdx.x) % core::kCombineCopyCtas;
+  const int s = h < me ? h : h + 1;  // the home rank
+  const uint64_t seq = b.at<uint64_t>(me, b.sequence)[core::kCombineDone] + 1;
+  allow_dependent_launch();  // the combine kernel may start now (seq is read: see the protocol)
+  // s's block, bounded by the rows of y whatever the handle holds.
   const int64_t n = min(int64_t(a.handle.recv_begin[R]), a.num_rows);
-  const int64_t own_first = min(int64_t(a.handle.recv_begin[me]), n);
-  const int64_t own_rows = max(min(int64_t(a.handle.recv_begin[me + 1]), n) - own_first, int64_t(0));
-  const int64_t shared_rows = n - own_rows;
-  const int vectors = a.hidden / 8;  // 8 bf16 per 16-byte vector
-  int4* input = b.at<int4>(me, b.combine_input);
-  float* input_weights = b.at<float>(me, b.combine_input_weights);
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
-  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; i < shared_rows; i += warps) {
-    const int64_t row = i < own_first ? i : i + own_rows;
-    if (copy_y) {
-      const int4* src = reinterpret_cast<const int4*>(a.y + row * a.y_row_stride);
-      int4* dst = input + row * vectors;
-      for (int base = 0; base < vectors; base += kWarp * kUnroll) {
-        int4 v[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int j = base + u * kWarp + lane;
-          if (j < vectors) v[u] = load_stream(src + j);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int j = base + u * kWarp + lane;
-          if (j < vectors) dst[j] = v[u];
-        }
-      }
-    }
-    if (copy_weights && lane < a.topk) {
-      input_weights[row * a.topk + lane] = a.weights[row * a.weights_row_stride + lane];
+  const int64_t first = min(int64_t(a.handle.recv_begin[s]), n), end = min(int64_t(a.handle.recv_begin[s + 1]), n);
+  uint32_t done = 0;
+  for (int64_t g = l; first + g * core::kCombineCopyRows < end; g += core::kCombineCopyCtas) {
+    const int64_t row = first + g * core::kCombineCopyRows + threadIdx.x / kWarp;
+    if (row < end) copy_row(a, row, copy_y, copy_weights);
+    __syncthreads();  // every warp's stores of the group, before its signal
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      transport::store_release_sys(b.combine_progress_of(s, me, l), core::combine_progress_value(seq, ++done));
     }
   }
 }
 
 }  // namespace
 
-void launch_stage_combine_input(const CombineArgs& args, bool copy_y, bool copy_weights, int num_blocks,
-                                cudaStream_t stream) {
-  stage_combine_input_kernel<<<num_blocks, kThreads, 0, stream>>>(args, copy_y, copy_weights);
+void launch_stage_combine_input(const CombineArgs& args, bool copy_y, bool copy_weights, cudaStream_t stream) {
+  const unsigned blocks = unsigned(core::kCombineCopyCtas * (args.buffer.team.nranks - 1));
+  stage_combine_input_kernel<<<blocks, kThreads, 0, stream>>>(args, copy_y, copy_weights);
   detail::check_launch("ht stage_combine_input_kernel");
 }
 

@@ -12,7 +12,7 @@ namespace epx::kernels::ht {
 struct BufferView {
   transport::TeamView team;
   transport::SymmetricView base;  // base.base[r]: rank r's HtBuffer allocation
-  uint64_t notify_counts, notify_expert_counts, flags, sequence;
+  uint64_t notify_counts, notify_expert_counts, flags, combine_progress, sequence;
   uint64_t recv_x, recv_scales, recv_src_idx, recv_topk_idx, recv_topk_weights;
   uint64_t combine_input, combine_input_weights;
   int32_t num_experts;
@@ -26,6 +26,10 @@ struct BufferView {
   __host__ __device__ int notify_stride() const { return team.nranks + 1; }
   __device__ uint64_t* flag(int owner, int kind, int source) const {
     return at<uint64_t>(owner, flags) + kind * team.nranks + source;
+  }
+  // owner's progress word of copy CTA l of expert side r (core::kCombineCopyCtas of them).
+  __device__ uint64_t* combine_progress_of(int owner, int r, int l) const {
+    return at<uint64_t>(owner, combine_progress) + r * core::kCombineCopyCtas + l;
   }
 };
 

@@ -99,14 +99,17 @@ struct CombineArgs {
   int64_t num_rows;    // rows of y: N, or num_worst_tokens
   int32_t num_tokens, topk, hidden;
   uint32_t* blocks_done;
+  bool staged;  // the copy kernel, right before the combine kernel, copies the rows the peers read (and signals them)
 };
 // Copies the rows that other ranks will read, those from sources s != me (recv_begin), of y into the
-// combine input (copy_y) and of the weights into the combine input's weights (copy_weights). This
-// rank's own rows stay where the caller has them: the combine kernel reads them there.
-void launch_stage_combine_input(const CombineArgs& args, bool copy_y, bool copy_weights, int num_blocks,
-                                cudaStream_t stream);
+// combine input (copy_y) and of the weights into the combine input's weights (copy_weights), telling
+// each home rank its progress; launched right before launch_combine (args.staged), which runs beside
+// it (teams of two ranks or more). This rank's own rows stay where the caller has them: the combine
+// kernel reads them there. core::kCombineCopyCtas CTAs per home rank.
+void launch_stage_combine_input(const CombineArgs& args, bool copy_y, bool copy_weights, cudaStream_t stream);
 // Every home rank pulls its tokens' rows from the ranks' combine inputs (which hold y and the
-// weights, row for received row; its own rows from args.y and args.weights) and reduces them.
+// weights, row for received row; its own rows from args.y and args.weights) and reduces them. With
+// args.staged, right behind launch_stage_combine_input, as its programmatic dependent.
 void launch_combine(const CombineArgs& args, int num_blocks, cudaStream_t stream);
 
 }  // namespace epx::kernels::ht

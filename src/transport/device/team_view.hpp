@@ -27,7 +27,7 @@ enum class WaitPhase : uint32_t {
   ht_notify,         // HT dispatch: waiting for a source's counts
   ht_counts,         // HT dispatch: a sending CTA waiting for its own rank's count exchange (CTA 0)
   ht_dispatch_done,  // HT dispatch: waiting for a source's rows
-  ht_combine_ready,  // HT combine: waiting for an expert side's combine input to be complete
+  ht_combine_ready,  // HT combine: waiting for an expert side's combine input to hold a row (detail: the row)
   ht_combine_done,   // HT combine: waiting for an expert side's rows
   ht_bulk_load,      // HT dispatch and combine: waiting for the copy engine to load a row (detail: token)
   ll_dispatch_recv,  // LL dispatch: waiting for a source's tokens (detail: buffer set)
