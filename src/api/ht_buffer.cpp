@@ -49,10 +49,11 @@ struct HtBuffer::Impl {
   uint32_t next_ticket = 0;
   // Private words of the kernels, zero at creation (see dispatch.cu and combine.cu); the layout
   // kernel's scratch follows them in the same allocation.
-  struct Counters {
+  struct alignas(16) Counters {
     uint32_t dispatch_blocks_done;
-    uint32_t combine_blocks_done;
+    uint32_t dispatch_tokens_claimed;
     uint64_t counts_ready;
+    uint32_t combine_blocks_done;
   };
   static_assert(sizeof(Counters) % 16 == 0, "the layout scratch follows the counters, 16-byte aligned");
   Counters* counters = nullptr;
@@ -407,7 +408,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   const kh::CountExchangeArgs counts{im.mailbox_device, ticket, args.expert_alignment, args.num_worst_tokens,
                                      handle != fresh.get()};
   kh::launch_dispatch(kh::DispatchArgs{view, handle->view(), tokens, counts, &im.counters->dispatch_blocks_done,
-                                       &im.counters->counts_ready},
+                                       &im.counters->dispatch_tokens_claimed, &im.counters->counts_ready},
                       im.config.num_sms, handle == fresh.get(), stream);
   handle->mark_use(stream);
 

@@ -32,9 +32,11 @@ __device__ bool wait_for_all_ranks(const transport::TeamView& team, WaitFor wait
 // Called by every thread of every CTA once its own stores are issued. Each CTA: __syncthreads; thread 0
 // fences (__threadfence_system; a build with the weaker fence.acq_rel.sys lost rows on single-GPU teams)
 // and adds one to `blocks_done`, a private counter that is zero between kernels. The CTA that brings it to
-// gridDim.x is the last: it resets the counter and fences again, so every CTA's stores (and loads) are
-// ordered before whatever release it issues next. Returns true on every thread of the last CTA.
-__device__ inline bool last_cta_done(uint32_t* blocks_done) {
+// gridDim.x is the last: it resets the counter (and `work_claimed`, a kernel's private count of claimed
+// work items, when given: every CTA claims its last item before it counts itself done) and fences
+// again, so every CTA's stores (and loads) are ordered before whatever release it issues next. Returns
+// true on every thread of the last CTA.
+__device__ inline bool last_cta_done(uint32_t* blocks_done, uint32_t* work_claimed = nullptr) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -42,6 +44,7 @@ __device__ inline bool last_cta_done(uint32_t* blocks_done) {
     last = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
     if (last) {
       *blocks_done = 0;
+      if (work_claimed != nullptr) *work_claimed = 0;
       __threadfence_system();
     }
   }
@@ -54,10 +57,11 @@ __device__ inline bool last_cta_done(uint32_t* blocks_done) {
 // incomplete, and its peers then time out themselves instead of taking them as finished). Returns true
 // on every thread of the last CTA when it signalled.
 template <typename Signal>
-__device__ bool signal_when_last(const transport::TeamView& team, uint32_t* blocks_done, Signal signal) {
+__device__ bool signal_when_last(const transport::TeamView& team, uint32_t* blocks_done, Signal signal,
+                                 uint32_t* work_claimed = nullptr) {
   __shared__ bool signalled;
-  const bool failed = threadIdx.x == 0 && team_failed(team);  // loaded early: hidden behind the fences
-  if (!last_cta_done(blocks_done)) return false;              // the same answer on every thread of a CTA
+  const bool failed = threadIdx.x == 0 && team_failed(team);    // loaded early: hidden behind the fences
+  if (!last_cta_done(blocks_done, work_claimed)) return false;  // the same answer on every thread of a CTA
   if (threadIdx.x == 0) {
     signalled = !failed;
     if (signalled) signal();

@@ -84,12 +84,18 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   }
   __syncthreads();
 
-  const int first = blockIdx.x * warps + warp, stride = gridDim.x * warps;
-  const int count = first < in.num_tokens ? (in.num_tokens - first + stride - 1) / stride : 0;
-  const auto row_of = [&](int i) { return in.x + int64_t(first + i * stride) * in.x_row_bytes_stride; };
-  if (lane == 0 && count > 0) {  // the first row needs no counts: its load overlaps the exchange
+  // Each warp's first token is static (its load overlaps the count exchange); after that, a warp claims
+  // the next unclaimed token (stride + a.tokens_claimed++), one claim ahead so that the atomic's
+  // latency hides behind a row. Claims balance warps whose stores drain at different speeds.
+  const int T = in.num_tokens, stride = gridDim.x * warps;
+  const auto claim = [&] { return stride + int(atomicAdd(a.tokens_claimed, 1u)); };
+  const auto row_of = [&](int t) { return in.x + int64_t(t) * in.x_row_bytes_stride; };
+  int t = blockIdx.x * warps + warp;  // this warp's token (lane 0 knows the claims; t is shared below)
+  int t_next = T;                     // lane 0: the token after it (claimed, its row loading)
+  if (lane == 0 && t < T) {           // the first row needs no counts: its load overlaps the exchange
     mbarrier_expect_bytes(&loaded[warp][0], row_bytes);
-    bulk_load(stages, row_of(0), row_bytes, &loaded[warp][0]);
+    bulk_load(stages, row_of(t), row_bytes, &loaded[warp][0]);
+    t_next = claim();
   }
   wait_for_prior_grid();  // the layout kernel's outputs (launch_dispatch: after_layout)
   if (blockIdx.x == 0) {
@@ -113,23 +119,25 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   }
 
   bool ok = go;
-  if (!ok && lane == 0 && count > 0) {  // no sending: the first load must still land before the CTA exits
+  if (!ok && lane == 0 && t < T) {  // no sending: the first load must still land before the CTA exits
     mbarrier_wait(b.team, &loaded[warp][0], 0,
-                  transport::WaitSite{transport::WaitPhase::ht_bulk_load, me, uint32_t(first)});
+                  transport::WaitSite{transport::WaitPhase::ht_bulk_load, me, uint32_t(t)});
   }
-  for (int i = 0; ok && i < count; ++i) {
-    const int t = first + i * stride, s = i % kStages;
+  for (int i = 0; ok && t < T; ++i) {
+    const int s = i % kStages;
     for (int d = lane; d < R; d += kWarp) {
       const int32_t pos = a.handle.send_pos[t * R + d];
       rows[d] = pos < 0 ? -1 : a.handle.send_begin[d] + pos;
     }
     __syncwarp();
+    int t_after = T;
     if (lane == 0) {
-      if (i + 1 < count) {  // the stage of token i + 1 last held token i + 1 - kStages: its stores must have read it
+      if (t_next < T) {  // the stage of row i + 1 last held row i + 1 - kStages: its stores must have read it
         const int next = (i + 1) % kStages;
+        t_after = claim();
         bulk_wait_read<kStages - 2>();
         mbarrier_expect_bytes(&loaded[warp][next], row_bytes);
-        bulk_load(stages + next * row_bytes, row_of(i + 1), row_bytes, &loaded[warp][next]);
+        bulk_load(stages + next * row_bytes, row_of(t_next), row_bytes, &loaded[warp][next]);
       }
       ok = mbarrier_wait(b.team, &loaded[warp][s], (i / kStages) & 1,
                          transport::WaitSite{transport::WaitPhase::ht_bulk_load, me, uint32_t(t)});
@@ -166,12 +174,14 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
       }
     }
     __syncwarp();  // rows[] is rewritten for the next token
+    t = __shfl_sync(0xffffffffu, t_next, 0);
+    t_next = t_after;
   }
   if (lane == 0) bulk_wait_all();
 
   // A team that failed (a wait of this rank expired) signals nothing: its rows may be incomplete, and
   // the peers then time out themselves instead of taking them as a finished dispatch.
-  if (!last_cta_signals(b, core::kDispatchDone, a.blocks_done, sequence, seq)) return;
+  if (!last_cta_signals(b, core::kDispatchDone, a.blocks_done, a.tokens_claimed, sequence, seq)) return;
   wait_for_every_rank(b, core::kDispatchDone, seq, transport::WaitPhase::ht_dispatch_done);
 }
 

@@ -75,8 +75,9 @@ struct DispatchArgs {
   HandleView handle;
   TokensView tokens;
   CountExchangeArgs counts;
-  uint32_t* blocks_done;   // private counter of finished CTAs (zero between calls)
-  uint64_t* counts_ready;  // private: the last dispatch number whose counts CTA 0 has exchanged
+  uint32_t* blocks_done;     // private counter of finished CTAs (zero between calls)
+  uint32_t* tokens_claimed;  // private counter of tokens claimed past each warp's first (zero between calls)
+  uint64_t* counts_ready;    // private: the last dispatch number whose counts CTA 0 has exchanged
 };
 // One dispatch: CTA 0 exchanges the counts (or, cached, the handshake), then every CTA writes its rows
 // into their receivers' final place and signals; the last CTA waits for every source's rows.

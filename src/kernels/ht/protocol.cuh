@@ -23,12 +23,15 @@ __device__ inline bool wait_for_every_rank(const BufferView& b, int kind, uint64
 // CTA's thread 0 stores sequence = seq (every CTA has read the old value by then), then adds 1 to
 // flag[kind][me] on every rank (release). Returns true on every thread of the last CTA, unless the
 // team has failed: a failed team signals nothing.
-__device__ inline bool last_cta_signals(const BufferView& b, int kind, uint32_t* blocks_done, uint64_t* sequence,
-                                        uint64_t seq) {
-  return signal_when_last(b.team, blocks_done, [&] {
-    *sequence = seq;
-    for (int r = 0; r < b.team.nranks; ++r) transport::add_release_sys(b.flag(r, kind, b.team.rank), 1);
-  });
+__device__ inline bool last_cta_signals(const BufferView& b, int kind, uint32_t* blocks_done, uint32_t* work_claimed,
+                                        uint64_t* sequence, uint64_t seq) {
+  return signal_when_last(
+      b.team, blocks_done,
+      [&] {
+        *sequence = seq;
+        for (int r = 0; r < b.team.nranks; ++r) transport::add_release_sys(b.flag(r, kind, b.team.rank), 1);
+      },
+      work_claimed);
 }
 
 }  // namespace epx::kernels::ht
