@@ -14,7 +14,9 @@
 //   3. From the count matrix: where my rows start on each rank (send_begin), where each source's rows
 //      start here (recv_begin), N, and the rows per local expert. A failed input on any rank turns
 //      the whole dispatch into a no-op on every rank (status), reported by the host.
-//   4. N and the expert counts go to the host mailbox (HostMailbox), then ready = the call's ticket.
+//   4. Once the dispatch kernel has told its other CTAs that the offsets are in the handle (they need
+//      not wait for host memory): N and the expert counts go to the host mailbox (HostMailbox), then
+//      ready = the call's ticket. Not after a failed step 2: the host learns of it from the team.
 #pragma once
 
 #include "kernels/ht/launch.hpp"
@@ -58,9 +60,10 @@ __device__ inline void count_exchange_results(const DispatchArgs& a) {
   }
 }
 
-// Steps 1 to 4, by every thread of one CTA. On return the handle holds the offsets and the status
-// (kStatusTeamFailed when a wait expired: nothing may be sent).
-__device__ inline void exchange_counts(const DispatchArgs& a, uint64_t seq) {
+// Steps 1 to 3, by every thread of one CTA. On return the handle holds the offsets and the status
+// (kStatusTeamFailed when a wait expired: nothing may be sent; the result is then false, the same on
+// every thread, and there is nothing to report to the host).
+__device__ inline bool exchange_counts(const DispatchArgs& a, uint64_t seq) {
   const BufferView& b = a.buffer;
   const CountExchangeArgs& c = a.counts;
   const int R = b.team.nranks, me = b.team.rank, E_local = b.experts_per_rank();
@@ -90,10 +93,17 @@ __device__ inline void exchange_counts(const DispatchArgs& a, uint64_t seq) {
   if (!wait_for_every_rank(b, core::kDispatchNotify, seq, transport::WaitPhase::ht_notify)) {
     if (threadIdx.x == 0) *a.handle.status = kStatusTeamFailed;  // the host reports the expired wait
     __syncthreads();
-    return;
+    return false;
   }
   if (!c.cached) count_exchange_results(a);
-  __syncthreads();
+  return true;
+}
+
+// Step 4, by every thread of the CTA that ran exchange_counts, once the other CTAs have been told: N and
+// the expert counts to the host mailbox (writes over PCIe and a system fence), then ready = the ticket.
+__device__ inline void report_counts_to_host(const DispatchArgs& a) {
+  const CountExchangeArgs& c = a.counts;
+  const int R = a.buffer.team.nranks, E_local = a.buffer.experts_per_rank();
   HostMailbox* m = c.mailbox;
   for (int j = threadIdx.x; j < E_local; j += blockDim.x) m->expert_counts[j] = a.handle.expert_counts[j];
   __syncthreads();

@@ -1,26 +1,30 @@
 // HT dispatch: one kernel. CTA 0 first runs the count exchange (count_exchange.cuh); then every CTA
 // sends its rows straight to their final place in each receiver's receive area.
 //
-// Work split: warp w of the grid takes tokens w, w + warps, ... . Its lane 0 drives the bulk copy
-// engine through kStages shared-memory row buffers: it loads token i + 1's row while token i's row is
-// stored to every destination rank d that needs it (row send_begin[d] + send_pos[t][d]): one read of
-// x per token, one bulk store per destination, no registers spent on payload. The other lanes write
-// the row's metadata with plain stores: src_idx, topk_idx rewritten to d's local expert ids (-1
-// elsewhere), weights (0 where -1) and, for FP8, the row's scales.
+// Work split: each warp of the grid starts with token (its index in the grid); then it claims the next
+// unclaimed token from a private counter (tokens_claimed), so warps whose stores drain faster take more
+// tokens. Its lane 0 drives the bulk copy engine through kStages shared-memory row buffers: it loads
+// the next token's row while this token's row is stored to every destination rank d that needs it
+// (row send_begin[d] + send_pos[t][d]): one read of x per token, one bulk store per destination, no
+// registers spent on payload. All lanes load the next token's metadata into registers (TokenMeta) one
+// row ahead, then write this token's with plain stores: src_idx, topk_idx rewritten to d's local
+// expert ids (-1 elsewhere), weights (0 where -1) and, for FP8, the row's scales.
 //
 // Protocol:
 //   * Every CTA's thread 0 reads seq = sequence[kDispatchNotify] + 1 at the start; nothing writes the
 //     sequence until the last CTA (below), which runs after every CTA has read it.
 //   * CTA 0 runs the count exchange. It makes sure every destination is in this dispatch (so its
 //     receive area is free) and writes the offsets and the status into the handle. Then __syncthreads,
-//     and its thread 0 stores counts_ready = seq (a private word; release).
+//     and its thread 0 stores counts_ready = seq (a private word; release); only then does CTA 0 report
+//     N to the host (report_counts_to_host).
 //   * Meanwhile the other CTAs issue their first row loads (which need no counts); then their thread 0
 //     waits (acquire) until counts_ready >= seq before any thread reads the handle's offsets.
 //   * Worst-case form: once the counts are known, all CTAs together mark the padding rows
 //     [N, num_worst) as "no token" (src_idx -1, topk_idx -1, weights 0; x is left as it is).
 //   * Each warp's lane 0 waits until its bulk stores are performed (bulk_wait_all), then each CTA:
 //     __syncthreads; thread 0: system fence, one add to `blocks_done` (a private counter). The CTA that
-//     brings it to gridDim.x is the last: it resets the counter, stores sequence = seq and, after another
+//     brings it to gridDim.x is the last: it resets the counter and tokens_claimed (every warp made its
+//     last claim before its CTA counted itself), stores sequence = seq and, after another
 //     system fence, adds 1 to flag[kDispatchDone][me] on every rank d (release). The fences chain every
 //     CTA's stores before those releases.
 //   * The last CTA then waits (acquire) until its own flag[kDispatchDone][s] >= seq for every source s:
@@ -62,13 +66,47 @@ __device__ void fill_padding_rows(const BufferView& b, int32_t num_recv, int64_t
   }
 }
 
+constexpr int kScalesPerLane = kMaxHidden / 128 / kWarp;
+constexpr int kRanksPerLane = (kMaxRanks + kWarp - 1) / kWarp;
+
+// What one lane holds of a token's row metadata. Loaded one token ahead of its use, so the loads'
+// latency hides behind the row before: lane k < K its k-th expert id and weight, its share of the FP8
+// scales (columns lane, lane + 32, ...) and of the token's positions per rank (ranks lane, lane + 32, ...).
+struct TokenMeta {
+  int64_t expert;
+  float weight;
+  float scales[kScalesPerLane];
+  int32_t pos[kRanksPerLane];
+};
+
+// The caller's inputs: readable from the kernel's start.
+__device__ void load_inputs(TokenMeta& m, const TokensView& in, int t, int lane) {
+  m.expert = lane < in.topk ? topk_at(in.topk_idx, in.topk_int64, in.topk_row_stride, t, lane) : -1;
+  m.weight = lane < in.topk && in.weights != nullptr ? in.weights[t * in.weights_row_stride + lane] : 0.0f;
+  const int scale_cols = in.scales != nullptr ? in.hidden / 128 : 0;
+#pragma unroll
+  for (int q = 0; q < kScalesPerLane; ++q) {
+    const int j = lane + q * kWarp;
+    m.scales[q] = j < scale_cols ? in.scales[t * in.scale_row_stride + j * in.scale_col_stride] : 0.0f;
+  }
+}
+
+// The layout's send positions: readable after wait_for_prior_grid.
+__device__ void load_positions(TokenMeta& m, const HandleView& h, int t, int R, int lane) {
+#pragma unroll
+  for (int q = 0; q < kRanksPerLane; ++q) {
+    const int d = lane + q * kWarp;
+    m.pos[q] = d < R ? h.send_pos[t * R + d] : -1;
+  }
+}
+
 __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs a) {
   const BufferView& b = a.buffer;
   const TokensView& in = a.tokens;
   const int R = b.team.nranks, me = b.team.rank, E_local = b.experts_per_rank();
   const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int row_bytes = in.x_row_bytes;  // received rows are dense: [N][H] of x's dtype
-  const int scale_cols = in.hidden / 128;
+  const int scale_cols = in.scales != nullptr ? in.hidden / 128 : 0;
   extern __shared__ __align__(128) uint8_t stage_memory[];  // [warps][kStages][row_bytes]
   __shared__ uint64_t loaded[kMaxWarps][kStages];           // mbarriers: a stage's row has arrived
   __shared__ int32_t rows_of[kMaxWarps][kMaxRanks];
@@ -90,18 +128,24 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   const int T = in.num_tokens, stride = gridDim.x * warps;
   const auto claim = [&] { return stride + int(atomicAdd(a.tokens_claimed, 1u)); };
   const auto row_of = [&](int t) { return in.x + int64_t(t) * in.x_row_bytes_stride; };
-  int t = blockIdx.x * warps + warp;  // this warp's token (lane 0 knows the claims; t is shared below)
-  int t_next = T;                     // lane 0: the token after it (claimed, its row loading)
-  if (lane == 0 && t < T) {           // the first row needs no counts: its load overlaps the exchange
-    mbarrier_expect_bytes(&loaded[warp][0], row_bytes);
-    bulk_load(stages, row_of(t), row_bytes, &loaded[warp][0]);
-    t_next = claim();
+  int t = blockIdx.x * warps + warp;  // this warp's token
+  int t_next = T;                     // lane 0 only: the token after it (claimed, its row loading)
+  TokenMeta meta{}, meta_next{};      // t's, and t_next's once the loop has loaded it
+  if (t < T) {                        // the first row and its inputs need no counts: their loads overlap the exchange
+    load_inputs(meta, in, t, lane);
+    if (lane == 0) {
+      mbarrier_expect_bytes(&loaded[warp][0], row_bytes);
+      bulk_load(stages, row_of(t), row_bytes, &loaded[warp][0]);
+      t_next = claim();
+    }
   }
   wait_for_prior_grid();  // the layout kernel's outputs (launch_dispatch: after_layout)
+  if (t < T) load_positions(meta, a.handle, t, R, lane);
   if (blockIdx.x == 0) {
-    exchange_counts(a, seq);
+    const bool exchanged = exchange_counts(a, seq);
     __syncthreads();
     if (threadIdx.x == 0) transport::store_release_sys(a.counts_ready, seq);
+    if (exchanged) report_counts_to_host(a);  // after the release: the other CTAs need not wait for it
   }
   // One thread reads the status and the failure flag for the whole CTA: thousands of threads each
   // reading the failure word at once cost tens of microseconds (measured: +34 us BF16).
@@ -117,6 +161,12 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   if (counted && a.counts.num_worst_tokens > 0) {
     fill_padding_rows(b, a.handle.recv_begin[R], a.counts.num_worst_tokens, in.topk, in.topk_int64);
   }
+  int32_t begin[kRanksPerLane];  // where this rank's rows start on ranks lane, lane + 32, ...
+#pragma unroll
+  for (int q = 0; q < kRanksPerLane; ++q) {
+    const int d = lane + q * kWarp;
+    begin[q] = go && d < R ? a.handle.send_begin[d] : 0;
+  }
 
   bool ok = go;
   if (!ok && lane == 0 && t < T) {  // no sending: the first load must still land before the CTA exits
@@ -125,19 +175,25 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   }
   for (int i = 0; ok && t < T; ++i) {
     const int s = i % kStages;
-    for (int d = lane; d < R; d += kWarp) {
-      const int32_t pos = a.handle.send_pos[t * R + d];
-      rows[d] = pos < 0 ? -1 : a.handle.send_begin[d] + pos;
+#pragma unroll
+    for (int q = 0; q < kRanksPerLane; ++q) {
+      const int d = lane + q * kWarp;
+      if (d < R) rows[d] = meta.pos[q] < 0 ? -1 : begin[q] + meta.pos[q];
     }
     __syncwarp();
+    const int following = __shfl_sync(0xffffffffu, t_next, 0);
+    if (following < T) {  // used in the next round: the loads' latency hides behind this row
+      load_inputs(meta_next, in, following, lane);
+      load_positions(meta_next, a.handle, following, R, lane);
+    }
     int t_after = T;
     if (lane == 0) {
-      if (t_next < T) {  // the stage of row i + 1 last held row i + 1 - kStages: its stores must have read it
+      if (following < T) {  // the stage of row i + 1 last held row i + 1 - kStages: its stores must have read it
         const int next = (i + 1) % kStages;
         t_after = claim();
         bulk_wait_read<kStages - 2>();
         mbarrier_expect_bytes(&loaded[warp][next], row_bytes);
-        bulk_load(stages + next * row_bytes, row_of(t_next), row_bytes, &loaded[warp][next]);
+        bulk_load(stages + next * row_bytes, row_of(following), row_bytes, &loaded[warp][next]);
       }
       ok = mbarrier_wait(b.team, &loaded[warp][s], (i / kStages) & 1,
                          transport::WaitSite{transport::WaitPhase::ht_bulk_load, me, uint32_t(t)});
@@ -150,32 +206,33 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
       }
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);
+    // The row's metadata, from registers: src_idx, topk_idx as d's local expert ids (-1 elsewhere),
+    // weights (0 where -1) and the FP8 scales.
     for (int d = 0; d < R; ++d) {
       const int32_t row = rows[d];
       if (row < 0) continue;
       if (lane == 0) b.at<int32_t>(d, b.recv_src_idx)[row] = t;
       if (lane < in.topk) {
-        const int64_t e = topk_at(in.topk_idx, in.topk_int64, in.topk_row_stride, t, lane);
-        const bool here = e >= 0 && e / E_local == d;
-        const int64_t local = here ? e - int64_t(d) * E_local : -1;
+        const bool here = meta.expert >= 0 && meta.expert / E_local == d;
+        const int64_t local = here ? meta.expert - int64_t(d) * E_local : -1;
         if (in.topk_int64) {
           b.at<int64_t>(d, b.recv_topk_idx)[int64_t(row) * in.topk + lane] = local;
         } else {
           b.at<int32_t>(d, b.recv_topk_idx)[int64_t(row) * in.topk + lane] = int32_t(local);
         }
-        const float w = in.weights != nullptr ? in.weights[t * in.weights_row_stride + lane] : 0.0f;
-        b.at<float>(d, b.recv_topk_weights)[int64_t(row) * in.topk + lane] = here ? w : 0.0f;
+        b.at<float>(d, b.recv_topk_weights)[int64_t(row) * in.topk + lane] = here ? meta.weight : 0.0f;
       }
-      if (in.scales != nullptr) {
-        float* dst = b.at<float>(d, b.recv_scales) + int64_t(row) * scale_cols;
-        for (int j = lane; j < scale_cols; j += kWarp) {
-          dst[j] = in.scales[t * in.scale_row_stride + j * in.scale_col_stride];
-        }
+      float* scales = b.at<float>(d, b.recv_scales) + int64_t(row) * scale_cols;
+#pragma unroll
+      for (int q = 0; q < kScalesPerLane; ++q) {
+        const int j = lane + q * kWarp;
+        if (j < scale_cols) scales[j] = meta.scales[q];
       }
     }
     __syncwarp();  // rows[] is rewritten for the next token
-    t = __shfl_sync(0xffffffffu, t_next, 0);
+    t = following;
     t_next = t_after;
+    meta = meta_next;
   }
   if (lane == 0) bulk_wait_all();
 
