@@ -52,7 +52,6 @@ struct HtBuffer::Impl {
   struct alignas(16) Counters {
     uint32_t dispatch_blocks_done;
     uint32_t dispatch_tokens_claimed;
-    uint64_t counts_ready;
     uint32_t combine_blocks_done;
   };
   static_assert(sizeof(Counters) % 16 == 0, "the layout scratch follows the counters, 16-byte aligned");
@@ -408,7 +407,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   const kh::CountExchangeArgs counts{im.mailbox_device, ticket, args.expert_alignment, args.num_worst_tokens,
                                      handle != fresh.get()};
   kh::launch_dispatch(kh::DispatchArgs{view, handle->view(), tokens, counts, &im.counters->dispatch_blocks_done,
-                                       &im.counters->dispatch_tokens_claimed, &im.counters->counts_ready},
+                                       &im.counters->dispatch_tokens_claimed},
                       im.config.num_sms, handle == fresh.get(), stream);
   handle->mark_use(stream);
 

@@ -17,8 +17,6 @@ const char* phase_name(WaitPhase phase) {
       return "HT layout: an earlier tile's counts";
     case WaitPhase::ht_notify:
       return "HT dispatch count exchange";
-    case WaitPhase::ht_counts:
-      return "HT dispatch waiting for its own count exchange";
     case WaitPhase::ht_dispatch_done:
       return "HT dispatch rows";
     case WaitPhase::ht_combine_ready:

@@ -1,22 +1,25 @@
-// HT dispatch, part 1: the count exchange ("notify"), run by CTA 0 of the dispatch kernel
-// (dispatch.cu) while the other CTAs load their first rows and wait for its result.
+// HT dispatch, part 1: the count exchange ("notify"). CTA 0 of the dispatch kernel (dispatch.cu)
+// announces this rank's counts; every CTA waits for every rank's and reads the count matrix itself, so
+// no CTA waits for another before sending; CTA 0 also writes the results into the handle and reports
+// them to the host.
 //
 // Protocol (flags of core::HtFlag, in the receiving rank's control area; `seq` is this rank's dispatch
 // number, sequence[kDispatchNotify] + 1, which the dispatch kernel's last CTA stores back at its end, so
 // that graph replays advance it):
-//   1. To every rank d: write my tokens-per-rank vector and my status into d's notify_counts[me][*],
-//      and my tokens per expert of d into d's notify_expert_counts[me][*]; __syncthreads; thread d
-//      adds 1 to d's flag[kDispatchNotify][me] (system-scope release).
+//   1. CTA 0 (announce_counts), to every rank d: write my tokens-per-rank vector and my status into d's
+//      notify_counts[me][*], and my tokens per expert of d into d's notify_expert_counts[me][*];
+//      __syncthreads; thread d adds 1 to d's flag[kDispatchNotify][me] (system-scope release).
 //      Cached form: no counts, only the add ("I am in this dispatch").
-//   2. Thread s waits (acquire) until my flag[kDispatchNotify][s] >= seq.
+//   2. Every CTA: thread s waits (acquire) until my flag[kDispatchNotify][s] >= seq; __syncthreads.
 // Reaching step 2 on rank d also tells every source that d's stream has finished with the previous
 // dispatch's outputs, which is what makes writing the new rows into d's receive area safe.
-//   3. From the count matrix: where my rows start on each rank (send_begin), where each source's rows
-//      start here (recv_begin), N, and the rows per local expert. A failed input on any rank turns
-//      the whole dispatch into a no-op on every rank (status), reported by the host.
-//   4. Once the dispatch kernel has told its other CTAs that the offsets are in the handle (they need
-//      not wait for host memory): N and the expert counts go to the host mailbox (HostMailbox), then
-//      ready = the call's ticket. Not after a failed step 2: the host learns of it from the team.
+//   3. Every CTA reads what it needs from the count matrix (failed_source, rows_before): whether any
+//      rank's input failed (then the whole dispatch is a no-op on every rank, reported by the host)
+//      and where my rows start on each rank. CTA 0 also writes the handle (count_exchange_results):
+//      send_begin, recv_begin, N, the rows per local expert and the status. Cached form: all of it is
+//      in the handle already.
+//   4. CTA 0 (report_counts_to_host): N and the expert counts go to the host mailbox (HostMailbox),
+//      then ready = the call's ticket. Not after a failed step 2: the host learns of it from the team.
 #pragma once
 
 #include "kernels/ht/launch.hpp"
@@ -25,29 +28,56 @@
 
 namespace epx::kernels::ht {
 
-// Step 3 (not cached): offsets and counts from the exchanged count matrix, into the handle.
+// The count matrix as this rank received it: counts[s * stride + j] is source s's tokens for rank j
+// (j < R), and its status (j == R, nonzero: its input was invalid). Readable after step 2.
+__device__ inline const int32_t* count_matrix(const BufferView& b) {
+  return b.at<int32_t>(b.team.rank, b.notify_counts);
+}
+
+// The first source whose input failed, or -1.
+__device__ inline int failed_source(const BufferView& b) {
+  const int R = b.team.nranks, stride = b.notify_stride();
+  const int32_t* counts = count_matrix(b);
+  for (int s = 0; s < R; ++s) {
+    if (counts[s * stride + R] != 0) return s;
+  }
+  return -1;
+}
+
+// Where my rows start on rank d: the tokens the ranks before me send there.
+__device__ inline int32_t rows_before(const BufferView& b, int d) {
+  const int stride = b.notify_stride();
+  const int32_t* counts = count_matrix(b);
+  int32_t before = 0;
+  for (int s = 0; s < b.team.rank; ++s) before += counts[s * stride + d];
+  return before;
+}
+
+// N: the tokens every source sends me.
+__device__ inline int32_t rows_from_every_source(const BufferView& b) {
+  const int stride = b.notify_stride();
+  const int32_t* counts = count_matrix(b);
+  int32_t n = 0;
+  for (int s = 0; s < b.team.nranks; ++s) n += counts[s * stride + b.team.rank];
+  return n;
+}
+
+// Step 3 for the handle (not cached), by every thread of CTA 0: offsets and counts from the count matrix.
 __device__ inline void count_exchange_results(const DispatchArgs& a) {
   const BufferView& b = a.buffer;
   const int R = b.team.nranks, me = b.team.rank, E_local = b.experts_per_rank();
   const int stride = b.notify_stride();
-  const int32_t* counts = b.at<int32_t>(me, b.notify_counts);  // [s][stride]
+  const int32_t* counts = count_matrix(b);
   __shared__ int32_t failed_rank;
   if (threadIdx.x == 0) {  // R <= 72: a few thousand additions at most
-    failed_rank = -1;
-    for (int s = 0; s < R && failed_rank < 0; ++s) {
-      if (counts[s * stride + R] != 0) failed_rank = s;
-    }
+    failed_rank = failed_source(b);
     int32_t begin = 0;
     for (int s = 0; s < R; ++s) {
       a.handle.recv_begin[s] = begin;
       begin += failed_rank < 0 ? counts[s * stride + me] : 0;
     }
-    a.handle.recv_begin[R] = begin;
-    for (int d = 0; d < R; ++d) {
-      int32_t before = 0;
-      for (int s = 0; s < me; ++s) before += counts[s * stride + d];
-      a.handle.send_begin[d] = before;
-    }
+    a.handle.recv_begin[R] = begin;  // rows_from_every_source, or 0 after a failed input
+    for (int d = 0; d < R; ++d) a.handle.send_begin[d] = rows_before(b, d);
     *a.handle.status = failed_rank < 0 ? 0 : 1 + failed_rank;
   }
   __syncthreads();
@@ -60,10 +90,8 @@ __device__ inline void count_exchange_results(const DispatchArgs& a) {
   }
 }
 
-// Steps 1 to 3, by every thread of one CTA. On return the handle holds the offsets and the status
-// (kStatusTeamFailed when a wait expired: nothing may be sent; the result is then false, the same on
-// every thread, and there is nothing to report to the host).
-__device__ inline bool exchange_counts(const DispatchArgs& a, uint64_t seq) {
+// Step 1, by every thread of CTA 0.
+__device__ inline void announce_counts(const DispatchArgs& a) {
   const BufferView& b = a.buffer;
   const CountExchangeArgs& c = a.counts;
   const int R = b.team.nranks, me = b.team.rank, E_local = b.experts_per_rank();
@@ -90,17 +118,10 @@ __device__ inline bool exchange_counts(const DispatchArgs& a, uint64_t seq) {
   }
   __syncthreads();  // every write above before the releases below
   for (int d = threadIdx.x; d < R; d += blockDim.x) transport::add_release_sys(b.flag(d, core::kDispatchNotify, me), 1);
-  if (!wait_for_every_rank(b, core::kDispatchNotify, seq, transport::WaitPhase::ht_notify)) {
-    if (threadIdx.x == 0) *a.handle.status = kStatusTeamFailed;  // the host reports the expired wait
-    __syncthreads();
-    return false;
-  }
-  if (!c.cached) count_exchange_results(a);
-  return true;
 }
 
-// Step 4, by every thread of the CTA that ran exchange_counts, once the other CTAs have been told: N and
-// the expert counts to the host mailbox (writes over PCIe and a system fence), then ready = the ticket.
+// Step 4, by every thread of CTA 0 after step 3: N and the expert counts to the host mailbox (writes
+// over PCIe and a system fence), then ready = the ticket.
 __device__ inline void report_counts_to_host(const DispatchArgs& a) {
   const CountExchangeArgs& c = a.counts;
   const int R = a.buffer.team.nranks, E_local = a.buffer.experts_per_rank();

@@ -1,5 +1,5 @@
-// HT dispatch: one kernel. CTA 0 first runs the count exchange (count_exchange.cuh); then every CTA
-// sends its rows straight to their final place in each receiver's receive area.
+// HT dispatch: one kernel. CTA 0 announces this rank's counts (count_exchange.cuh); every CTA waits for
+// every rank's, then sends its rows straight to their final place in each receiver's receive area.
 //
 // Work split: each warp of the grid starts with token (its index in the grid); then it claims the next
 // unclaimed token from a private counter (tokens_claimed), so warps whose stores drain faster take more
@@ -13,12 +13,12 @@
 // Protocol:
 //   * Every CTA's thread 0 reads seq = sequence[kDispatchNotify] + 1 at the start; nothing writes the
 //     sequence until the last CTA (below), which runs after every CTA has read it.
-//   * CTA 0 runs the count exchange. It makes sure every destination is in this dispatch (so its
-//     receive area is free) and writes the offsets and the status into the handle. Then __syncthreads,
-//     and its thread 0 stores counts_ready = seq (a private word; release); only then does CTA 0 report
-//     N to the host (report_counts_to_host).
-//   * Meanwhile the other CTAs issue their first row loads (which need no counts); then their thread 0
-//     waits (acquire) until counts_ready >= seq before any thread reads the handle's offsets.
+//   * CTA 0 announces this rank's counts (count_exchange.cuh, step 1). Meanwhile the other CTAs issue
+//     their first row loads and metadata loads (which need no counts).
+//   * Every CTA waits for every rank's counts (step 2: every destination is then in this dispatch, so
+//     its receive area is free) and reads from the count matrix whether to send and where its rows
+//     start (step 3). CTA 0 then also writes the handle and reports N to the host (steps 3 and 4);
+//     nothing else waits for that.
 //   * Worst-case form: once the counts are known, all CTAs together mark the padding rows
 //     [N, num_worst) as "no token" (src_idx -1, topk_idx -1, weights 0; x is left as it is).
 //   * Each warp's lane 0 waits until its bulk stores are performed (bulk_wait_all), then each CTA:
@@ -111,12 +111,15 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   __shared__ uint64_t loaded[kMaxWarps][kStages];           // mbarriers: a stage's row has arrived
   __shared__ int32_t rows_of[kMaxWarps][kMaxRanks];
   __shared__ uint64_t seq;
-  __shared__ bool counted;  // this dispatch's offsets and status are in the handle
-  __shared__ bool go;       // ... and the status says send
+  __shared__ bool go;           // every rank's counts are in, and no input failed
+  __shared__ int32_t num_recv;  // N (worst-case form only)
   uint8_t* stages = stage_memory + std::size_t(warp) * kStages * row_bytes;
   int32_t* rows = rows_of[warp];
   uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kDispatchNotify;
-  if (threadIdx.x == 0) seq = *sequence + 1;
+  if (threadIdx.x == 0) {
+    seq = *sequence + 1;
+    go = false;
+  }
   if (lane == 0) {
     for (int s = 0; s < kStages; ++s) mbarrier_init(&loaded[warp][s], 1);
   }
@@ -141,31 +144,36 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   }
   wait_for_prior_grid();  // the layout kernel's outputs (launch_dispatch: after_layout)
   if (t < T) load_positions(meta, a.handle, t, R, lane);
+  if (blockIdx.x == 0) announce_counts(a);
+  // Every CTA waits for every rank's counts itself (no CTA waits for another before sending).
+  const bool heard = wait_for_every_rank(b, core::kDispatchNotify, seq, transport::WaitPhase::ht_notify);
+  const bool cached = a.counts.cached;
   if (blockIdx.x == 0) {
-    const bool exchanged = exchange_counts(a, seq);
-    __syncthreads();
-    if (threadIdx.x == 0) transport::store_release_sys(a.counts_ready, seq);
-    if (exchanged) report_counts_to_host(a);  // after the release: the other CTAs need not wait for it
+    if (!heard) {
+      if (threadIdx.x == 0) *a.handle.status = kStatusTeamFailed;  // the host reports the expired wait
+    } else {
+      if (!cached) count_exchange_results(a);
+      __syncthreads();
+      report_counts_to_host(a);
+    }
   }
   // One thread reads the status and the failure flag for the whole CTA: thousands of threads each
   // reading the failure word at once cost tens of microseconds (measured: +34 us BF16).
-  if (threadIdx.x == 0) {
-    // CTA 0's waits on peers are bounded by the team's timeout and name the peer; this wait gets twice
-    // that, so it reports only when CTA 0 itself never finished (a failed team ends it sooner).
-    const transport::WaitSite site{transport::WaitPhase::ht_counts, me, 0};
-    counted = (blockIdx.x == 0 || transport::wait_at_least(b.team, a.counts_ready, seq, site, nullptr, 2)) &&
-              *a.handle.status != kStatusTeamFailed;
-    go = counted && *a.handle.status == 0 && !team_failed(b.team);
+  if (threadIdx.x == 0 && heard) {
+    const int failed = cached ? -1 : failed_source(b);
+    go = failed < 0 && (!cached || *a.handle.status == 0) && !team_failed(b.team);
+    if (a.counts.num_worst_tokens > 0) {
+      num_recv = cached ? a.handle.recv_begin[R] : failed < 0 ? rows_from_every_source(b) : 0;
+    }
   }
   __syncthreads();
-  if (counted && a.counts.num_worst_tokens > 0) {
-    fill_padding_rows(b, a.handle.recv_begin[R], a.counts.num_worst_tokens, in.topk, in.topk_int64);
-  }
+  if (heard && a.counts.num_worst_tokens > 0)
+    fill_padding_rows(b, num_recv, a.counts.num_worst_tokens, in.topk, in.topk_int64);
   int32_t begin[kRanksPerLane];  // where this rank's rows start on ranks lane, lane + 32, ...
 #pragma unroll
   for (int q = 0; q < kRanksPerLane; ++q) {
     const int d = lane + q * kWarp;
-    begin[q] = go && d < R ? a.handle.send_begin[d] : 0;
+    begin[q] = !go || d >= R ? 0 : cached ? a.handle.send_begin[d] : rows_before(b, d);
   }
 
   bool ok = go;

@@ -77,10 +77,10 @@ struct DispatchArgs {
   CountExchangeArgs counts;
   uint32_t* blocks_done;     // private counter of finished CTAs (zero between calls)
   uint32_t* tokens_claimed;  // private counter of tokens claimed past each warp's first (zero between calls)
-  uint64_t* counts_ready;    // private: the last dispatch number whose counts CTA 0 has exchanged
 };
-// One dispatch: CTA 0 exchanges the counts (or, cached, the handshake), then every CTA writes its rows
-// into their receivers' final place and signals; the last CTA waits for every source's rows.
+// One dispatch: CTA 0 announces the counts (or, cached, takes part in the handshake), every CTA waits
+// for every rank's, then writes its rows into their receivers' final place and signals; the last CTA
+// waits for every source's rows.
 // after_layout: the kernel just before it on the stream is the layout kernel of this dispatch; the
 // dispatch then starts while the layout runs (programmatic dependent launch) and waits for its
 // outputs after loading its first rows.

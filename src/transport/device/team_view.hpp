@@ -25,7 +25,6 @@ enum class WaitPhase : uint32_t {
   test_signal,       // transport test: waiting for a peer's put-with-signal
   ht_layout,         // HT layout: waiting for an earlier tile's token counts (detail: the tile)
   ht_notify,         // HT dispatch: waiting for a source's counts
-  ht_counts,         // HT dispatch: a sending CTA waiting for its own rank's count exchange (CTA 0)
   ht_dispatch_done,  // HT dispatch: waiting for a source's rows
   ht_combine_ready,  // HT combine: waiting for an expert side's combine input to hold a row (detail: the row)
   ht_combine_done,   // HT combine: waiting for an expert side's rows
