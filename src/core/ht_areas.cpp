@@ -13,8 +13,8 @@ HtAreas ht_areas(const HtBufferOptions& o, int num_ranks) {
   a.x_row_bytes = std::size_t(o.hidden) * 2;
   const std::size_t R = num_ranks, K = o.max_topk, rows = a.recv_rows;
   AreaCursor c;
-  a.notify_counts = c.take(sizeof(int32_t) * R * (R + 1));
-  a.notify_expert_counts = c.take(sizeof(int32_t) * R * a.experts_per_rank());
+  a.notify_counts = c.take(sizeof(uint64_t) * R * (R + 1));
+  a.notify_expert_counts = c.take(sizeof(uint64_t) * R * a.experts_per_rank());
   a.flags = c.take(sizeof(uint64_t) * kHtFlagKinds * R);
   a.combine_progress = c.take(sizeof(uint64_t) * R * kCombineCopyCtas);
   a.sequence = c.take(sizeof(uint64_t) * kHtFlagKinds);

@@ -20,9 +20,8 @@ namespace epx::core {
 // is documented with the kernels (src/kernels/ht/). sequence[kind] is this rank's call number of the
 // op that signals that kind.
 enum HtFlag : int {
-  kDispatchNotify = 0,  // source s wrote its counts to me (or, cached, is ready to send)
-  kDispatchDone,        // source s finished writing its rows to me
-  kCombineDone,         // home rank s finished reading my combine input
+  kDispatchDone = 0,  // source s finished writing its rows to me
+  kCombineDone,       // home rank s finished reading my combine input
   kHtFlagKinds
 };
 
@@ -31,10 +30,12 @@ enum HtFlag : int {
 // in order, and each tells the home rank how many it has copied (src/kernels/ht/combine_input.cu).
 inline constexpr int kCombineCopyRows = 16;
 inline constexpr int kCombineCopyCtas = 32;
-// A progress word: the call number in the high 32 bits, the groups copied in the low 32 (all of them:
-// kEveryGroup). It grows within a call and from one call to the next (call numbers stay below 2^32).
+// A stamped word: the call number in the high 32 bits, a value in the low 32 (call numbers stay below
+// 2^32). One 8-byte store carries both, so a reader that sees this call's number has the value: a
+// wait for at least stamped(call, 0) needs no flag and no fence. Used for the dispatch's counts and
+// for the combine copy's progress words (the groups copied; all of them: kEveryGroup).
 inline constexpr uint32_t kEveryGroup = 0xFFFFFFFFu;
-inline constexpr uint64_t combine_progress_value(uint64_t call, uint32_t groups) { return (call << 32) | groups; }
+inline constexpr uint64_t stamped(uint64_t call, uint32_t value) { return (call << 32) | value; }
 
 struct HtAreas {
   int num_ranks = 0;
@@ -44,8 +45,8 @@ struct HtAreas {
   std::size_t x_row_bytes = 0;  // H * 2: the widest (BF16) row; received rows are dense in the dtype of x
 
   // Offsets in the symmetric allocation.
-  std::size_t notify_counts = 0;  // int32 [R source][R + 1]: source's tokens per destination rank, then its status
-  std::size_t notify_expert_counts = 0;   // int32 [R source][E_local]: source's tokens per local expert
+  std::size_t notify_counts = 0;  // stamped [R source][R + 1]: source's tokens per destination rank, then its status
+  std::size_t notify_expert_counts = 0;   // stamped [R source][E_local]: source's tokens per local expert
   std::size_t flags = 0;                  // uint64 [kHtFlagKinds][R source]
   std::size_t combine_progress = 0;       // uint64 [R expert side][kCombineCopyCtas]: progress words of the copies
                                           // of my rows into each rank's combine input

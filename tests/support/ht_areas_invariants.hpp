@@ -22,7 +22,7 @@ inline std::string broken_ht_areas_invariant(const core::HtAreas& a, const HtBuf
   }
   const std::size_t R = num_ranks, rows = R * o.max_tokens_per_rank, row_bytes = std::size_t(o.hidden) * 2;
   if (a.recv_rows != int64_t(rows)) return "recv_rows is not R * max_tokens_per_rank";
-  if (a.notify_expert_counts - a.notify_counts < sizeof(int32_t) * R * (R + 1)) return "the count area is short";
+  if (a.notify_expert_counts - a.notify_counts < sizeof(uint64_t) * R * (R + 1)) return "the count area is short";
   if (a.sequence - a.combine_progress < sizeof(uint64_t) * R * core::kCombineCopyCtas)
     return "the progress area is short";
   if (a.recv_scales - a.recv_x < rows * row_bytes) return "the receive area is short";

@@ -17,7 +17,7 @@
 //     has read every row of this rank's combine input (completion, below), so after every CTA of this
 //     kernel has read the old value (the copy kernel's CTAs read it before this kernel can start).
 //   * My combine input holds home rank s's rows (its block) in groups of kCombineCopyRows; copy word
-//     progress(s, me, l) (in s's memory) is combine_progress_value(seq, d) once groups l, l + K, ...
+//     progress(s, me, l) (in s's memory) is stamped(seq, d) once groups l, l + K, ...
 //     (d of them, K = kCombineCopyCtas) are there. The copy kernel raises the words as it copies
 //     (a.staged; combine_input.cu). It runs first, and this kernel is launched as its programmatic
 //     dependent: every copy CTA allows that launch as it starts, so the two run side by side. Where the
@@ -118,7 +118,7 @@ __device__ void signal_every_group(const BufferView& b, uint64_t seq) {
     const int s = i / core::kCombineCopyCtas;
     if (s != me) {
       transport::store_release_sys(b.combine_progress_of(s, me, i % core::kCombineCopyCtas),
-                                   core::combine_progress_value(seq, core::kEveryGroup));
+                                   core::stamped(seq, core::kEveryGroup));
     }
   }
 }
@@ -158,7 +158,7 @@ struct PieceLoader {
     bool ok = true;
     if (lane == 0) {
       ok = transport::wait_at_least(
-          b.team, b.combine_progress_of(me, r, int(g % K)), core::combine_progress_value(seq, uint32_t(g / K + 1)),
+          b.team, b.combine_progress_of(me, r, int(g % K)), core::stamped(seq, uint32_t(g / K + 1)),
           transport::WaitSite{transport::WaitPhase::ht_combine_ready, r, uint32_t(row - begin)});
     }
     if (!__shfl_sync(~0u, ok, 0)) return false;

@@ -4,7 +4,7 @@
 // combine kernel, which it lets start at once (programmatic dependent launch), so home ranks pull rows
 // while the rest are copied.
 //
-// Protocol (the progress words of core::HtAreas, values combine_progress_value(call, groups)):
+// Protocol (the progress words of core::HtAreas, values stamped(call, groups)):
 //   * Rows of home rank s's block (s != me) go in groups of kCombineCopyRows, a row per warp. CTA
 //     (h, l) of the grid (h: the h-th home rank other than me, l < kCombineCopyCtas) copies groups
 //     l, l + kCombineCopyCtas, ... of that block, in that order.
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) stage_combine_input_kernel(CombineAr
     __syncthreads();  // every warp's stores of the group, before its signal
     if (threadIdx.x == 0) {
       __threadfence_system();
-      transport::store_release_sys(b.combine_progress_of(s, me, l), core::combine_progress_value(seq, ++done));
+      transport::store_release_sys(b.combine_progress_of(s, me, l), core::stamped(seq, ++done));
     }
   }
 }

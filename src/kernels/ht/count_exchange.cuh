@@ -3,16 +3,18 @@
 // no CTA waits for another before sending; CTA 0 also writes the results into the handle and reports
 // them to the host.
 //
-// Protocol (flags of core::HtFlag, in the receiving rank's control area; `seq` is this rank's dispatch
-// number, sequence[kDispatchNotify] + 1, which the dispatch kernel's last CTA stores back at its end, so
-// that graph replays advance it):
-//   1. CTA 0 (announce_counts), to every rank d: write my tokens-per-rank vector and my status into d's
-//      notify_counts[me][*], and my tokens per expert of d into d's notify_expert_counts[me][*];
-//      __syncthreads; thread d adds 1 to d's flag[kDispatchNotify][me] (system-scope release).
-//      Cached form: no counts, only the add ("I am in this dispatch").
-//   2. Every CTA: thread s waits (acquire) until my flag[kDispatchNotify][s] >= seq; __syncthreads.
+// Protocol (`seq` is this rank's dispatch number, sequence[kDispatchDone] + 1, which the dispatch
+// kernel's last CTA stores back at its end, so that graph replays advance it). Every count travels as
+// a stamped word (core::stamped: seq above the value, one 8-byte store), so the words need no flag and
+// no fence: a reader that sees this call's number in a word has its value.
+//   1. CTA 0 (announce_counts), to every rank d: my tokens per rank and my status into d's
+//      notify_counts[me][*], my tokens per expert of d into d's notify_expert_counts[me][*].
+//      Cached form: only the status word ("I am in this dispatch").
+//   2. Every CTA (wait_for_counts): its threads wait until every word it reads carries seq: the
+//      count matrix (cached: each source's status word), and in CTA 0 the expert counts; __syncthreads.
 // Reaching step 2 on rank d also tells every source that d's stream has finished with the previous
-// dispatch's outputs, which is what makes writing the new rows into d's receive area safe.
+// dispatch's outputs (d announces from the dispatch kernel, which starts after its earlier work),
+// which is what makes writing the new rows into d's receive area safe.
 //   3. Every CTA reads what it needs from the count matrix (failed_source, rows_before): whether any
 //      rank's input failed (then the whole dispatch is a no-op on every rank, reported by the host)
 //      and where my rows start on each rank. CTA 0 also writes the handle (count_exchange_results):
@@ -28,37 +30,32 @@
 
 namespace epx::kernels::ht {
 
-// The count matrix as this rank received it: counts[s * stride + j] is source s's tokens for rank j
-// (j < R), and its status (j == R, nonzero: its input was invalid). Readable after step 2.
-__device__ inline const int32_t* count_matrix(const BufferView& b) {
-  return b.at<int32_t>(b.team.rank, b.notify_counts);
+// The count matrix as this rank received it, after step 2: source s's tokens for rank j (j < R), and
+// its status (j == R, nonzero: its input was invalid).
+__device__ inline int32_t count_at(const BufferView& b, int s, int j) {
+  return int32_t(uint32_t(b.at<uint64_t>(b.team.rank, b.notify_counts)[s * b.notify_stride() + j]));
 }
 
 // The first source whose input failed, or -1.
 __device__ inline int failed_source(const BufferView& b) {
-  const int R = b.team.nranks, stride = b.notify_stride();
-  const int32_t* counts = count_matrix(b);
+  const int R = b.team.nranks;
   for (int s = 0; s < R; ++s) {
-    if (counts[s * stride + R] != 0) return s;
+    if (count_at(b, s, R) != 0) return s;
   }
   return -1;
 }
 
 // Where my rows start on rank d: the tokens the ranks before me send there.
 __device__ inline int32_t rows_before(const BufferView& b, int d) {
-  const int stride = b.notify_stride();
-  const int32_t* counts = count_matrix(b);
   int32_t before = 0;
-  for (int s = 0; s < b.team.rank; ++s) before += counts[s * stride + d];
+  for (int s = 0; s < b.team.rank; ++s) before += count_at(b, s, d);
   return before;
 }
 
 // N: the tokens every source sends me.
 __device__ inline int32_t rows_from_every_source(const BufferView& b) {
-  const int stride = b.notify_stride();
-  const int32_t* counts = count_matrix(b);
   int32_t n = 0;
-  for (int s = 0; s < b.team.nranks; ++s) n += counts[s * stride + b.team.rank];
+  for (int s = 0; s < b.team.nranks; ++s) n += count_at(b, s, b.team.rank);
   return n;
 }
 
@@ -66,35 +63,34 @@ __device__ inline int32_t rows_from_every_source(const BufferView& b) {
 __device__ inline void count_exchange_results(const DispatchArgs& a) {
   const BufferView& b = a.buffer;
   const int R = b.team.nranks, me = b.team.rank, E_local = b.experts_per_rank();
-  const int stride = b.notify_stride();
-  const int32_t* counts = count_matrix(b);
   __shared__ int32_t failed_rank;
   if (threadIdx.x == 0) {  // R <= 72: a few thousand additions at most
     failed_rank = failed_source(b);
     int32_t begin = 0;
     for (int s = 0; s < R; ++s) {
       a.handle.recv_begin[s] = begin;
-      begin += failed_rank < 0 ? counts[s * stride + me] : 0;
+      begin += failed_rank < 0 ? count_at(b, s, me) : 0;
     }
     a.handle.recv_begin[R] = begin;  // rows_from_every_source, or 0 after a failed input
     for (int d = 0; d < R; ++d) a.handle.send_begin[d] = rows_before(b, d);
     *a.handle.status = failed_rank < 0 ? 0 : 1 + failed_rank;
   }
   __syncthreads();
-  const int32_t* expert_counts = b.at<int32_t>(me, b.notify_expert_counts);  // [s][E_local]
+  const uint64_t* expert_counts = b.at<uint64_t>(me, b.notify_expert_counts);  // [s][E_local]
   for (int j = threadIdx.x; j < E_local; j += blockDim.x) {
     int32_t n = 0;
-    for (int s = 0; s < R && failed_rank < 0; ++s) n += expert_counts[s * E_local + j];
+    for (int s = 0; s < R && failed_rank < 0; ++s) n += int32_t(uint32_t(expert_counts[s * E_local + j]));
     a.handle.expert_counts[j] =
         (n + a.counts.expert_alignment - 1) / a.counts.expert_alignment * a.counts.expert_alignment;
   }
 }
 
-// Step 1, by every thread of CTA 0.
-__device__ inline void announce_counts(const DispatchArgs& a) {
+// Step 1, by every thread of CTA 0 (seq: this dispatch's number).
+__device__ inline void announce_counts(const DispatchArgs& a, uint64_t seq) {
   const BufferView& b = a.buffer;
   const CountExchangeArgs& c = a.counts;
   const int R = b.team.nranks, me = b.team.rank, E_local = b.experts_per_rank();
+  const int stride = b.notify_stride();
   __shared__ int32_t status;
   if (threadIdx.x == 0) {
     status = (!c.cached && a.handle.input_error->found) ? 1 : 0;
@@ -104,20 +100,43 @@ __device__ inline void announce_counts(const DispatchArgs& a) {
     }
   }
   __syncthreads();
-
-  if (!c.cached) {
-    const int stride = b.notify_stride();
-    for (int i = threadIdx.x; i < R * stride; i += blockDim.x) {
-      const int d = i / stride, j = i % stride;
-      b.at<int32_t>(d, b.notify_counts)[me * stride + j] = j < R ? a.handle.rank_counts[j] : status;
+  if (c.cached) {
+    for (int d = threadIdx.x; d < R; d += blockDim.x) {
+      transport::store_relaxed_sys(b.at<uint64_t>(d, b.notify_counts) + me * stride + R, core::stamped(seq, 0));
     }
-    for (int i = threadIdx.x; i < R * E_local; i += blockDim.x) {
-      const int d = i / E_local, j = i % E_local;
-      b.at<int32_t>(d, b.notify_expert_counts)[me * E_local + j] = a.handle.expert_totals[d * E_local + j];
-    }
+    return;
   }
-  __syncthreads();  // every write above before the releases below
-  for (int d = threadIdx.x; d < R; d += blockDim.x) transport::add_release_sys(b.flag(d, core::kDispatchNotify, me), 1);
+  for (int i = threadIdx.x; i < R * stride; i += blockDim.x) {
+    const int d = i / stride, j = i % stride;
+    const int32_t value = j < R ? a.handle.rank_counts[j] : status;
+    transport::store_relaxed_sys(b.at<uint64_t>(d, b.notify_counts) + me * stride + j,
+                                 core::stamped(seq, uint32_t(value)));
+  }
+  for (int i = threadIdx.x; i < R * E_local; i += blockDim.x) {
+    const int d = i / E_local, j = i % E_local;
+    transport::store_relaxed_sys(b.at<uint64_t>(d, b.notify_expert_counts) + me * E_local + j,
+                                 core::stamped(seq, uint32_t(a.handle.expert_totals[d * E_local + j])));
+  }
+}
+
+// Step 2, by every thread of a CTA: true once every word the CTA reads carries seq (the same on every
+// thread); false when a wait expired (the team has failed). The words of source s name s when a wait
+// expires.
+__device__ inline bool wait_for_counts(const BufferView& b, uint64_t seq, bool cached, bool expert_counts) {
+  const int R = b.team.nranks, me = b.team.rank, stride = b.notify_stride(), E_local = b.experts_per_rank();
+  const uint64_t* counts = b.at<uint64_t>(me, b.notify_counts);
+  const uint64_t* experts = b.at<uint64_t>(me, b.notify_expert_counts);
+  const int matrix_words = cached ? R : R * stride;
+  const int words = matrix_words + (expert_counts && !cached ? R * E_local : 0);
+  bool ok = true;
+  for (int i = threadIdx.x; i < words && ok; i += blockDim.x) {
+    const int m = i - matrix_words;
+    const int source = m < 0 ? (cached ? i : i / stride) : m / E_local;
+    const uint64_t* word = m < 0 ? counts + (cached ? i * stride + R : i) : experts + m;
+    ok = transport::wait_at_least(b.team, word, core::stamped(seq, 0),
+                                  transport::WaitSite{transport::WaitPhase::ht_notify, source, 0});
+  }
+  return __syncthreads_and(ok);
 }
 
 // Step 4, by every thread of CTA 0 after step 3: N and the expert counts to the host mailbox (writes

@@ -11,7 +11,7 @@
 // expert ids (-1 elsewhere), weights (0 where -1) and, for FP8, the row's scales.
 //
 // Protocol:
-//   * Every CTA's thread 0 reads seq = sequence[kDispatchNotify] + 1 at the start; nothing writes the
+//   * Every CTA's thread 0 reads seq = sequence[kDispatchDone] + 1 at the start; nothing writes the
 //     sequence until the last CTA (below), which runs after every CTA has read it.
 //   * CTA 0 announces this rank's counts (count_exchange.cuh, step 1). Meanwhile the other CTAs issue
 //     their first row loads and metadata loads (which need no counts).
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   __shared__ int32_t num_recv;  // N (worst-case form only)
   uint8_t* stages = stage_memory + std::size_t(warp) * kStages * row_bytes;
   int32_t* rows = rows_of[warp];
-  uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kDispatchNotify;
+  uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kDispatchDone;
   if (threadIdx.x == 0) {
     seq = *sequence + 1;
     go = false;
@@ -144,10 +144,10 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   }
   wait_for_prior_grid();  // the layout kernel's outputs (launch_dispatch: after_layout)
   if (t < T) load_positions(meta, a.handle, t, R, lane);
-  if (blockIdx.x == 0) announce_counts(a);
-  // Every CTA waits for every rank's counts itself (no CTA waits for another before sending).
-  const bool heard = wait_for_every_rank(b, core::kDispatchNotify, seq, transport::WaitPhase::ht_notify);
   const bool cached = a.counts.cached;
+  if (blockIdx.x == 0) announce_counts(a, seq);
+  // Every CTA waits for every rank's counts itself (no CTA waits for another before sending).
+  const bool heard = wait_for_counts(b, seq, cached, blockIdx.x == 0);
   if (blockIdx.x == 0) {
     if (!heard) {
       if (threadIdx.x == 0) *a.handle.status = kStatusTeamFailed;  // the host reports the expired wait

@@ -11,10 +11,11 @@
 //
 // Protocol between the CTAs of one call (LayoutState and tile_totals: private to this rank's buffer,
 // zero at creation; a call's kernel runs after the previous call's on the caller's stream):
-//  * Thread 0 reads call = calls + 1 (acquire), then takes the CTA's tile with atomicAdd(tiles_taken,
-//    1), so tiles are handed out in the order the CTAs start: every earlier tile belongs to a CTA that
-//    is already running and publishes its counts before it waits for anything. No wait below can
-//    deadlock, whatever the grid's size.
+//  * Thread 0 reads call = calls + 1 and takes the CTA's tile with atomicAdd(tiles_taken, 1), both in
+//    flight together (a relaxed read: the last tile resets `calls` only after it has seen this CTA's
+//    tile published, and the published word carries the call read). Tiles are handed out in the
+//    order the CTAs start: every earlier tile belongs to a CTA that is already running and publishes
+//    its counts before it waits for anything. No wait below can deadlock, whatever the grid's size.
 //  * Each CTA writes its tile's row of partial expert counts, __syncthreads, then thread r (r < R)
 //    publishes the tile's count for rank r with one release store:
 //    tile_totals[tile][r] = (call << kCountBits) | count.
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   LayoutState* state = a.scratch.state;
   allow_dependent_launch();  // the dispatch kernel after it may start now (see launch_dispatch)
   if (threadIdx.x == 0) {
-    call_of_cta = transport::load_acquire_sys(&state->calls) + 1;  // read before the tile is taken
+    call_of_cta = transport::load_relaxed_sys(&state->calls) + 1;  // in flight with the ticket (see above)
     tile_of_cta = uint32_t(atomicAdd(&state->tiles_taken, 1ull));
   }
   for (int e = threadIdx.x; e < E; e += kThreads) expert_counts[e] = 0;

@@ -34,6 +34,11 @@ __device__ __forceinline__ void add_release_sys(uint64_t* flag, uint64_t value) 
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
 }
 
+// For a word that carries its own data (core::stamped): no ordering, only that its 8 bytes land whole.
+__device__ __forceinline__ void store_relaxed_sys(uint64_t* word, uint64_t value) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(word), "l"(value) : "memory");
+}
+
 __device__ __forceinline__ void store_release_sys(uint64_t* flag, uint64_t value) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
 }
