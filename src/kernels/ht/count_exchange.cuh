@@ -12,9 +12,9 @@
 //      Cached form: only the status word ("I am in this dispatch").
 //   2. Every CTA (wait_for_counts): its threads wait until every word it reads carries seq: the
 //      count matrix (cached: each source's status word), and in CTA 0 the expert counts; __syncthreads.
-// Reaching step 2 on rank d also tells every source that d's stream has finished with the previous
-// dispatch's outputs (d announces from the dispatch kernel, which starts after its earlier work),
-// which is what makes writing the new rows into d's receive area safe.
+// d's step-1 words also tell every source, which sees them in its step 2, that d's stream has finished
+// with the previous dispatch's outputs (d announces from the dispatch kernel, which starts after its
+// earlier work): what makes writing the new rows into d's receive area safe.
 //   3. Every CTA reads what it needs from the count matrix (failed_source, rows_before): whether any
 //      rank's input failed (then the whole dispatch is a no-op on every rank, reported by the host)
 //      and where my rows start on each rank. CTA 0 also writes the handle (count_exchange_results):

@@ -24,9 +24,9 @@
 //   * Each warp's lane 0 waits until its bulk stores are performed (bulk_wait_all), then each CTA:
 //     __syncthreads; thread 0: system fence, one add to `blocks_done` (a private counter). The CTA that
 //     brings it to gridDim.x is the last: it resets the counter and tokens_claimed (every warp made its
-//     last claim before its CTA counted itself), stores sequence = seq and, after another
-//     system fence, adds 1 to flag[kDispatchDone][me] on every rank d (release). The fences chain every
-//     CTA's stores before those releases.
+//     last claim before its CTA counted itself) and fences again (last_cta_done); then its thread 0
+//     stores sequence = seq and adds 1 to flag[kDispatchDone][me] on every rank d (release). The
+//     fences chain every CTA's stores before those releases.
 //   * The last CTA then waits (acquire) until its own flag[kDispatchDone][s] >= seq for every source s:
 //     when the kernel ends, every row of this dispatch has arrived here.
 #include <algorithm>
