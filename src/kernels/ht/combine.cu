@@ -48,6 +48,7 @@
 
 #include "core/cuda_check.hpp"
 #include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/launch.hpp"
 #include "kernels/ht/copy.cuh"
 #include "kernels/ht/launch.hpp"
 #include "kernels/ht/protocol.cuh"
@@ -308,18 +309,9 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
 }  // namespace
 
 void launch_combine(const CombineArgs& args, int num_blocks, cudaStream_t stream) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(num_blocks);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kStageBytes;
-  config.stream = stream;
-  // Behind the copy kernel (args.staged), which writes nothing this kernel reads in stream order.
-  cudaLaunchAttribute overlap{};
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &overlap;
-  config.numAttrs = args.staged ? 1 : 0;
-  detail::check_cuda(cudaLaunchKernelEx(&config, combine_pull_kernel, args), "launching HT combine_pull_kernel");
+  // Dependent behind the copy kernel (args.staged), which writes nothing this kernel reads in stream order.
+  launch(combine_pull_kernel, dim3(num_blocks), dim3(kThreads), kStageBytes, stream, args.staged,
+         "launching HT combine_pull_kernel", args);
 }
 
 void load_combine_kernel() {

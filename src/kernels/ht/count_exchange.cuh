@@ -126,15 +126,17 @@ __device__ inline bool wait_for_counts(const BufferView& b, uint64_t seq, bool c
   const int R = b.team.nranks, me = b.team.rank, stride = b.notify_stride(), E_local = b.experts_per_rank();
   const uint64_t* counts = b.at<uint64_t>(me, b.notify_counts);
   const uint64_t* experts = b.at<uint64_t>(me, b.notify_expert_counts);
-  const int matrix_words = cached ? R : R * stride;
-  const int words = matrix_words + (expert_counts && !cached ? R * E_local : 0);
+  const auto heard = [&](const uint64_t* word, int source) {
+    return transport::wait_at_least(b.team, word, core::stamped(seq, 0),
+                                    transport::WaitSite{transport::WaitPhase::ht_notify, source, 0});
+  };
   bool ok = true;
-  for (int i = threadIdx.x; i < words && ok; i += blockDim.x) {
-    const int m = i - matrix_words;
-    const int source = m < 0 ? (cached ? i : i / stride) : m / E_local;
-    const uint64_t* word = m < 0 ? counts + (cached ? i * stride + R : i) : experts + m;
-    ok = transport::wait_at_least(b.team, word, core::stamped(seq, 0),
-                                  transport::WaitSite{transport::WaitPhase::ht_notify, source, 0});
+  if (cached) {
+    for (int s = threadIdx.x; ok && s < R; s += blockDim.x) ok = heard(counts + s * stride + R, s);
+  } else {
+    for (int i = threadIdx.x; ok && i < R * stride; i += blockDim.x) ok = heard(counts + i, i / stride);
+    for (int i = threadIdx.x; ok && expert_counts && i < R * E_local; i += blockDim.x)
+      ok = heard(experts + i, i / E_local);
   }
   return __syncthreads_and(ok);
 }

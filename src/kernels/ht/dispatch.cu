@@ -33,6 +33,7 @@
 
 #include "core/cuda_check.hpp"
 #include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/launch.hpp"
 #include "kernels/ht/copy.cuh"
 #include "kernels/ht/count_exchange.cuh"
 #include "kernels/ht/launch.hpp"
@@ -83,7 +84,7 @@ struct TokenMeta {
 __device__ void load_inputs(TokenMeta& m, const TokensView& in, int t, int lane) {
   m.expert = lane < in.topk ? topk_at(in.topk_idx, in.topk_int64, in.topk_row_stride, t, lane) : -1;
   m.weight = lane < in.topk && in.weights != nullptr ? in.weights[t * in.weights_row_stride + lane] : 0.0f;
-  const int scale_cols = in.scales != nullptr ? in.hidden / 128 : 0;
+  const int scale_cols = in.scale_cols();
 #pragma unroll
   for (int q = 0; q < kScalesPerLane; ++q) {
     const int j = lane + q * kWarp;
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   const int R = b.team.nranks, me = b.team.rank, E_local = b.experts_per_rank();
   const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int row_bytes = in.x_row_bytes;  // received rows are dense: [N][H] of x's dtype
-  const int scale_cols = in.scales != nullptr ? in.hidden / 128 : 0;
+  const int scale_cols = in.scale_cols();
   extern __shared__ __align__(128) uint8_t stage_memory[];  // [warps][kStages][row_bytes]
   __shared__ uint64_t loaded[kMaxWarps][kStages];           // mbarriers: a stage's row has arrived
   __shared__ int32_t rows_of[kMaxWarps][kMaxRanks];
@@ -265,19 +266,11 @@ void prepare_kernels() {
 void launch_dispatch(const DispatchArgs& args, int num_blocks, bool after_layout, cudaStream_t stream) {
   const std::size_t per_warp = std::size_t(kStages) * args.tokens.x_row_bytes;
   const int warps = int(std::max<std::size_t>(1, std::min<std::size_t>(kMaxWarps, kStageBudget / per_warp)));
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(num_blocks);
-  config.blockDim = dim3(warps * kWarp);
-  config.dynamicSmemBytes = warps * per_warp;
-  config.stream = stream;
-  // Only behind our own layout kernel, which writes nothing the kernel reads before wait_for_prior_grid:
-  // behind a caller's kernel, the first row loads could read x before that kernel has written it.
-  cudaLaunchAttribute overlap{};
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &overlap;
-  config.numAttrs = after_layout ? 1 : 0;
-  detail::check_cuda(cudaLaunchKernelEx(&config, dispatch_kernel, args), "launching HT dispatch_kernel");
+  // Dependent only behind our own layout kernel, which writes nothing the kernel reads before
+  // wait_for_prior_grid: behind a caller's kernel, the first row loads could read x before that kernel
+  // has written it.
+  launch(dispatch_kernel, dim3(num_blocks), dim3(warps * kWarp), warps * per_warp, stream, after_layout,
+         "launching HT dispatch_kernel", args);
 }
 
 }  // namespace epx::kernels::ht

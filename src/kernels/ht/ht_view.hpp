@@ -93,6 +93,7 @@ struct TokensView {  // one rank's dispatch input
   const float* weights;  // may be null
   int64_t weights_row_stride;
   int32_t num_tokens, topk;
+  __device__ int scale_cols() const { return scales != nullptr ? hidden / 128 : 0; }  // FP8 scales per row
 };
 
 }  // namespace epx::kernels::ht
