@@ -30,12 +30,16 @@ enum HtFlag : int {
 // in order, and each tells the home rank how many it has copied (src/kernels/ht/combine_input.cu).
 inline constexpr int kCombineCopyRows = 16;
 inline constexpr int kCombineCopyCtas = 32;
-// A stamped word: the call number in the high 32 bits, a value in the low 32 (call numbers stay below
-// 2^32). One 8-byte store carries both, so a reader that sees this call's number has the value: a
-// wait for at least stamped(call, 0) needs no flag and no fence. Used for the dispatch's counts and
-// for the combine copy's progress words (the groups copied; all of them: kEveryGroup).
+// A stamped word: the low 32 bits of a call number in the high half, a value in the low half. One
+// 8-byte store carries both, so a reader that sees this call's stamp has the value: waiting for it
+// needs no flag and no fence. A reader asks for its own call's stamp, equal, never "at least": a word
+// holds this call's stamp or an earlier call's (never a later one: see each protocol), and an equal
+// test keeps working when call numbers pass 2^32. Used for the dispatch's counts and for the combine
+// copy's progress words (the groups copied; all of them: kEveryGroup).
 inline constexpr uint32_t kEveryGroup = 0xFFFFFFFFu;
-inline constexpr uint64_t stamped(uint64_t call, uint32_t value) { return (call << 32) | value; }
+inline constexpr uint64_t stamped(uint64_t call, uint32_t value) { return (uint64_t(uint32_t(call)) << 32) | value; }
+inline constexpr bool stamped_in(uint64_t word, uint64_t call) { return uint32_t(word >> 32) == uint32_t(call); }
+inline constexpr uint32_t stamped_value(uint64_t word) { return uint32_t(word); }
 
 struct HtAreas {
   int num_ranks = 0;

@@ -92,6 +92,20 @@ TEST(HtAreas, TheDeepSeekShapeOnTwoRanksNeedsAboutTwoHundredFortyMegabytes) {
   EXPECT_LT(a.total, std::size_t(260) << 20);
 }
 
+// The stamped words of the HT protocols (counts, copy progress) match their own call only, on the low
+// 32 bits of the call number, so they keep working past 2^32 calls.
+TEST(HtStampedWords, MatchTheirOwnCallPastTwoToThe32) {
+  const uint64_t wrap = uint64_t(1) << 32;
+  for (const uint64_t call : {uint64_t(1), wrap - 1, wrap, wrap + 1, 3 * wrap + 7}) {
+    const uint64_t word = stamped(call, 1234);
+    EXPECT_TRUE(stamped_in(word, call)) << call;
+    EXPECT_EQ(stamped_value(word), 1234u) << call;
+    EXPECT_FALSE(stamped_in(word, call + 1)) << call;  // the next call waits for its own stamp
+    EXPECT_FALSE(stamped_in(stamped(call - 1, kEveryGroup), call)) << call;
+  }
+  EXPECT_FALSE(stamped_in(0, 1));  // a word never written (stamp 0) is not the first call's
+}
+
 TEST(LlAreas, EveryAreaIsAlignedDisjointAndLargeEnough) {
   for (int R : {1, 2, 8, 72}) {
     for (const LlBufferOptions& o : {LlBufferOptions{128, 7168, 8, 288}, LlBufferOptions{1, 128, 1, 72},

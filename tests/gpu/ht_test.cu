@@ -2,13 +2,15 @@
 // int64 and int32 routing, weights and bias, on one process per GPU and on one GPU with 2, 4, 8 ranks.
 // Every rank rebuilds the whole team's inputs from the case seed, so it checks its own outputs against
 // the reference of the whole exchange, bit for bit (combine too: the GPU adds ranks in the reference's
-// order). Outputs are poisoned before the second and third dispatch, so a row that is not written fails.
+// order). Outputs are poisoned before the second and third dispatch, and the buffer's combine input
+// before the combine that copies y into it, so a row that is not written (or read before it is) fails.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
+#include "core/ht_areas.hpp"
 #include "epx/ht.hpp"
 #include "epx/reference/ht.hpp"
 #include "gpu_test_env.hpp"
@@ -18,7 +20,19 @@
 namespace epx::test {
 namespace {
 
-void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t stream) {
+// Makes a new buffer's state that of one that has run `calls` dispatches and combines: this rank's
+// call numbers and the flags its peers raise in its memory (they raise them only once this rank has
+// joined a call, so no peer's signal can come before these writes).
+void start_calls_at(HtBuffer& buffer, const HtBufferOptions& options, int R, uint64_t calls) {
+  const core::HtAreas areas = core::ht_areas(options, R);
+  char* base = static_cast<char*>(buffer.combine_input(0, options.hidden).data) - areas.combine_input;
+  const std::vector<uint64_t> sequence(core::kHtFlagKinds, calls), flags(std::size_t(core::kHtFlagKinds) * R, calls);
+  copy_host_to_device(base + areas.sequence, sequence.data(), sequence.size() * sizeof(uint64_t));
+  copy_host_to_device(base + areas.flags, flags.data(), flags.size() * sizeof(uint64_t));
+}
+
+// first_call: the number of calls the buffer starts as having made (start_calls_at), 0 for a new one.
+void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t stream, uint64_t first_call = 0) {
   const int rank = team.rank();
   const ref::HtTokens& in = x.tokens[rank];
   const ref::HtRecv& want = x.dispatch.recv[rank];
@@ -27,7 +41,9 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   RankInputs inputs = upload_inputs(c, in);
   const HtDispatchArgs& args = inputs.args;
 
-  HtBuffer buffer(team, HtBufferOptions{std::max(c.T, 1), c.H, c.K, x.E});
+  const HtBufferOptions options{std::max(c.T, 1), c.H, c.K, x.E};
+  HtBuffer buffer(team, options);
+  if (first_call > 0) start_calls_at(buffer, options, x.R, first_call);
   const HtStreams on{stream};
 
   // 1. Exact form.
@@ -74,6 +90,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   combine.topk_weights = TensorRef{d_yw->data, ScalarType::float32, N, c.K, w_stride, 1};
   combine.bias = TensorRef::matrix(d_bias->data, ScalarType::bf16, c.T, c.H);
   combine.handle = exact.handle;
+  poison(buffer.combine_input(N, c.H), stream);
   const HtCombineResult out = buffer.combine(combine, on);
   ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   check_combine(c, rank, out, x.combine[rank]);
@@ -135,6 +152,20 @@ std::vector<HtCase> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, HtExchange, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<HtCase>& info) { return info.param.name; });
+
+// The buffer's call numbers start just below 2^32, so run_rank's three dispatches and two combines
+// cross it: the stamped words (counts, copy progress) carry the low 32 bits of the call number.
+TEST(HtCallNumbers, CrossTwoToThe32) {
+  const uint64_t first_call = (uint64_t(1) << 32) - 2;
+  for (const HtCase& c : cases()) {
+    if (c.name != "SingleGpu2_Uniform" && c.name != "World_Zipf_Aligned4") continue;
+    if (c.single_gpu_ranks == 0 && rank_info().world_size < 2) continue;
+    SCOPED_TRACE(c.name);
+    const uint32_t seed = uint32_t(std::hash<std::string>{}(c.name));
+    const Expected x = build_expected(c, c.single_gpu_ranks == 0 ? rank_info().world_size : c.single_gpu_ranks, seed);
+    on_ranks(c.single_gpu_ranks, [&](Team& team, cudaStream_t stream) { run_rank(c, x, team, stream, first_call); });
+  }
+}
 
 }  // namespace
 }  // namespace epx::test

@@ -27,7 +27,8 @@
 //     (seq, kEveryGroup) at the start.
 //   * Before lane 0 of a warp loads the first piece of row j of my block on rank r != me, unless j is
 //     below the warp's ready_until[r], the warp waits: lane 0 (acquire, bounded) for the word of j's
-//     group g, progress(me, r, g % K) >= (seq, g / K + 1); then lane l reads word l (acquire), and
+//     group g until progress(me, r, g % K) carries seq's stamp and at least g / K + 1 groups
+//     (wait_for_stamp); then lane l reads word l (acquire; d_l = 0 unless it carries seq's stamp), and
 //     ready_until[r] becomes the prefix every word promises, min over l of (l + K * d_l) groups. A
 //     __syncwarp orders the lanes' acquires before lane 0's proxy fence and bulk loads. So a warp waits
 //     a few times per rank while the copy runs ahead of it, and once when the input was in place.
@@ -158,15 +159,14 @@ struct PieceLoader {
     const int64_t g = (row - begin) / core::kCombineCopyRows;
     bool ok = true;
     if (lane == 0) {
-      ok = transport::wait_at_least(
-          b.team, b.combine_progress_of(me, r, int(g % K)), core::stamped(seq, uint32_t(g / K + 1)),
-          transport::WaitSite{transport::WaitPhase::ht_combine_ready, r, uint32_t(row - begin)});
+      ok = wait_for_stamp(b.team, b.combine_progress_of(me, r, int(g % K)), seq, uint32_t(g / K + 1),
+                          transport::WaitSite{transport::WaitPhase::ht_combine_ready, r, uint32_t(row - begin)});
     }
     if (!__shfl_sync(~0u, ok, 0)) return false;
     // Lane l reads copy CTA l's word (no later call's value can be there: see the protocol). Groups
     // below l + K * done_l are there for every l.
     const uint64_t word = transport::load_acquire_sys(b.combine_progress_of(me, r, lane));
-    const uint32_t done = (word >> 32) == seq ? uint32_t(word) : 0u;
+    const uint32_t done = core::stamped_in(word, seq) ? core::stamped_value(word) : 0u;
     int64_t groups = done == core::kEveryGroup ? int64_t(INT32_MAX) : lane + int64_t(done) * K;
     for (int offset = kWarp / 2; offset > 0; offset /= 2) groups = min(groups, __shfl_xor_sync(~0u, groups, offset));
     __syncwarp();  // every lane's acquire, before lane 0's bulk loads

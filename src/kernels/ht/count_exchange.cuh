@@ -33,7 +33,7 @@ namespace epx::kernels::ht {
 // The count matrix as this rank received it, after step 2: source s's tokens for rank j (j < R), and
 // its status (j == R, nonzero: its input was invalid).
 __device__ inline int32_t count_at(const BufferView& b, int s, int j) {
-  return int32_t(uint32_t(b.at<uint64_t>(b.team.rank, b.notify_counts)[s * b.notify_stride() + j]));
+  return int32_t(core::stamped_value(b.at<uint64_t>(b.team.rank, b.notify_counts)[s * b.notify_stride() + j]));
 }
 
 // The first source whose input failed, or -1.
@@ -79,7 +79,7 @@ __device__ inline void count_exchange_results(const DispatchArgs& a) {
   const uint64_t* expert_counts = b.at<uint64_t>(me, b.notify_expert_counts);  // [s][E_local]
   for (int j = threadIdx.x; j < E_local; j += blockDim.x) {
     int32_t n = 0;
-    for (int s = 0; s < R && failed_rank < 0; ++s) n += int32_t(uint32_t(expert_counts[s * E_local + j]));
+    for (int s = 0; s < R && failed_rank < 0; ++s) n += int32_t(core::stamped_value(expert_counts[s * E_local + j]));
     a.handle.expert_counts[j] =
         (n + a.counts.expert_alignment - 1) / a.counts.expert_alignment * a.counts.expert_alignment;
   }
@@ -127,8 +127,7 @@ __device__ inline bool wait_for_counts(const BufferView& b, uint64_t seq, bool c
   const uint64_t* counts = b.at<uint64_t>(me, b.notify_counts);
   const uint64_t* experts = b.at<uint64_t>(me, b.notify_expert_counts);
   const auto heard = [&](const uint64_t* word, int source) {
-    return transport::wait_at_least(b.team, word, core::stamped(seq, 0),
-                                    transport::WaitSite{transport::WaitPhase::ht_notify, source, 0});
+    return wait_for_stamp(b.team, word, seq, 0, transport::WaitSite{transport::WaitPhase::ht_notify, source, 0});
   };
   bool ok = true;
   if (cached) {

@@ -12,6 +12,15 @@
 
 namespace epx::kernels::ht {
 
+// Waits until a stamped word (core::stamped) carries `call`'s stamp and a value of at least `at_least`.
+__device__ inline bool wait_for_stamp(const transport::TeamView& team, const uint64_t* word, uint64_t call,
+                                      uint32_t at_least, const transport::WaitSite& site) {
+  return transport::wait_until(
+      team, word,
+      [call, at_least](uint64_t v) { return core::stamped_in(v, call) && core::stamped_value(v) >= at_least; },
+      core::stamped(call, at_least), site);
+}
+
 // The whole CTA waits until this rank's flag[kind][r] >= seq for every rank r (wait_for_all_ranks).
 __device__ inline bool wait_for_every_rank(const BufferView& b, int kind, uint64_t seq, transport::WaitPhase phase) {
   return wait_for_all_ranks(b.team, [&](int r) {

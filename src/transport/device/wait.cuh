@@ -1,4 +1,5 @@
-// The one bounded wait of the library. Every device-side spin goes through wait_at_least.
+// The one bounded wait of the library. Every device-side spin goes through wait_until (wait_at_least,
+// its usual form, waits for a counter).
 #pragma once
 
 #include <cstdint>
@@ -36,10 +37,10 @@ __device__ inline bool team_failed(const TeamView& team) {
   return load_relaxed_sys(&team.control_of(team.rank)->failed) != 0u;
 }
 
-// Spins until *flag >= expected, then returns with acquire semantics (system scope): what the writer
-// published before its release is visible. Returns false, having recorded why, when the team's timeout
-// expires or another wait of this team has already expired. Callers must then stop their work and
-// return: the team is failed.
+// Spins until reached(*flag), then returns with acquire semantics (system scope): what the writer
+// published before its release is visible. Returns false, having recorded why (`expected` is what the
+// report shows as awaited), when the team's timeout expires or another wait of this team has already
+// expired. Callers must then stop their work and return: the team is failed.
 //
 // With `give_up` (the LL rank mask of the peer waited for): the wait also returns false once *give_up is
 // nonzero (another wait masked the peer, or the host did), and on expiry it sets *give_up = 1 instead
@@ -49,15 +50,17 @@ __device__ inline bool team_failed(const TeamView& team) {
 // (so that the wait for a peer, not the one behind it, is the one reported).
 //
 // The spin polls with relaxed loads, which are cheaper than acquire loads; once the value is there, one
-// acquire load of the same flag orders what follows (the counter only grows, so it still satisfies).
-__device__ inline bool wait_at_least(const TeamView& team, const uint64_t* flag, uint64_t expected,
-                                     const WaitSite& site, uint32_t* give_up = nullptr, uint32_t timeout_multiple = 1) {
-  if (load_acquire_sys(flag) >= expected) return true;
+// acquire load of the same flag orders what follows (the writers only move a flag on to values that
+// still satisfy the waiter, so the acquire load sees one too).
+template <typename Reached>
+__device__ bool wait_until(const TeamView& team, const uint64_t* flag, Reached reached, uint64_t expected,
+                           const WaitSite& site, uint32_t* give_up = nullptr, uint32_t timeout_multiple = 1) {
+  if (reached(load_acquire_sys(flag))) return true;
   // The clock and the failure word are read only every 1024 spins (they are slower than the flag); the clock
   // starts at the first such read, so the bound is the timeout plus at most 1024 spins.
   uint64_t start = 0;
   for (uint32_t spin = 1;; ++spin) {
-    if (load_relaxed_sys(flag) >= expected) {
+    if (reached(load_relaxed_sys(flag))) {
       load_acquire_sys(flag);
       return true;
     }
@@ -76,6 +79,13 @@ __device__ inline bool wait_at_least(const TeamView& team, const uint64_t* flag,
       if (give_up != nullptr && load_relaxed_sys(give_up) != 0u) return false;
     }
   }
+}
+
+// Spins until *flag >= expected: a counter that only grows (see wait_until).
+__device__ inline bool wait_at_least(const TeamView& team, const uint64_t* flag, uint64_t expected,
+                                     const WaitSite& site, uint32_t* give_up = nullptr, uint32_t timeout_multiple = 1) {
+  return wait_until(
+      team, flag, [expected](uint64_t v) { return v >= expected; }, expected, site, give_up, timeout_multiple);
 }
 
 }  // namespace epx::transport
