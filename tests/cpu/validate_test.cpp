@@ -103,7 +103,7 @@ TEST(HtStampedWords, MatchTheirOwnCallPastTwoToThe32) {
     EXPECT_FALSE(stamped_in(word, call + 1)) << call;  // the next call waits for its own stamp
     EXPECT_FALSE(stamped_in(stamped(call - 1, kEveryGroup), call)) << call;
   }
-  EXPECT_FALSE(stamped_in(0, 1));  // a word never written (stamp 0) is not the first call's
+  EXPECT_FALSE(stamped_in(0, 1));  // a word never written reads as call 0's stamp: not the first call's
 }
 
 TEST(LlAreas, EveryAreaIsAlignedDisjointAndLargeEnough) {

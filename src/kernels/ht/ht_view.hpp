@@ -23,7 +23,7 @@ struct BufferView {
   }
   __host__ __device__ int experts_per_rank() const { return num_experts / team.nranks; }
   // notify_counts is [R source][R + 1] stamped words: the source's tokens per destination rank, then its
-  // status (core::stamped: the dispatch's call number above the value).
+  // status (core::stamped: the low 32 bits of the dispatch's call number above the value).
   __host__ __device__ int notify_stride() const { return team.nranks + 1; }
   __device__ uint64_t* flag(int owner, int kind, int source) const {
     return at<uint64_t>(owner, flags) + kind * team.nranks + source;
