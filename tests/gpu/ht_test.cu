@@ -7,7 +7,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/ht_areas.hpp"
@@ -19,6 +21,26 @@
 
 namespace epx::test {
 namespace {
+
+// A rank's combine inputs on the device: y and the weights with rows `y_stride` and `w_stride` apart,
+// and the bias; `args` combines them through `handle`.
+struct CombineInputs {
+  std::unique_ptr<DeviceArray> y, weights, bias;
+  HtCombineArgs args;
+};
+
+CombineInputs upload_combine_inputs(const HtCase& c, const Expected& x, int rank, int64_t N,
+                                    std::shared_ptr<const HtHandle> handle, int64_t y_stride, int64_t w_stride) {
+  CombineInputs in;
+  in.y = upload(with_row_stride(x.y[rank].y.data, c.H, y_stride));
+  in.weights = upload(with_row_stride(x.y[rank].topk_weights.data, c.K, w_stride));
+  in.bias = upload(x.bias[rank].data);
+  in.args.y = TensorRef{in.y->data, ScalarType::bf16, N, c.H, y_stride, 1};
+  in.args.topk_weights = TensorRef{in.weights->data, ScalarType::float32, N, c.K, w_stride, 1};
+  in.args.bias = TensorRef::matrix(in.bias->data, ScalarType::bf16, c.T, c.H);
+  in.args.handle = std::move(handle);
+  return in;
+}
 
 void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t stream) {
   const int rank = team.rank();
@@ -68,14 +90,8 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   //    with padding), so neither the copy of the rows the peers read nor the kernel's reads of this
   //    rank's own rows in place can assume dense rows.
   const int64_t y_stride = c.H + 64, w_stride = c.K + 3;
-  auto d_y = upload(with_row_stride(x.y[rank].y.data, c.H, y_stride));
-  auto d_yw = upload(with_row_stride(x.y[rank].topk_weights.data, c.K, w_stride));
-  auto d_bias = upload(x.bias[rank].data);
-  HtCombineArgs combine;
-  combine.y = TensorRef{d_y->data, ScalarType::bf16, N, c.H, y_stride, 1};
-  combine.topk_weights = TensorRef{d_yw->data, ScalarType::float32, N, c.K, w_stride, 1};
-  combine.bias = TensorRef::matrix(d_bias->data, ScalarType::bf16, c.T, c.H);
-  combine.handle = exact.handle;
+  const CombineInputs strided = upload_combine_inputs(c, x, rank, N, exact.handle, y_stride, w_stride);
+  HtCombineArgs combine = strided.args;
   poison(buffer.combine_input(N, c.H), stream);
   const HtCombineResult out = buffer.combine(combine, on);
   ASSERT_NO_FATAL_FAILURE(complete(team, stream));
@@ -85,10 +101,10 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   poison(out.x, stream);
   const TensorRef in_place = buffer.combine_input(N, c.H);
   const TensorRef in_place_weights = buffer.combine_input_weights(N, c.K);
-  ASSERT_EQ(
-      cudaMemcpy2DAsync(in_place.data, c.H * 2, d_y->data, y_stride * 2, c.H * 2, N, cudaMemcpyDeviceToDevice, stream),
-      cudaSuccess);
-  ASSERT_EQ(cudaMemcpy2DAsync(in_place_weights.data, c.K * 4, d_yw->data, w_stride * 4, c.K * 4, N,
+  ASSERT_EQ(cudaMemcpy2DAsync(in_place.data, c.H * 2, strided.y->data, y_stride * 2, c.H * 2, N,
+                              cudaMemcpyDeviceToDevice, stream),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy2DAsync(in_place_weights.data, c.K * 4, strided.weights->data, w_stride * 4, c.K * 4, N,
                               cudaMemcpyDeviceToDevice, stream),
             cudaSuccess);
   combine.y = in_place;
@@ -169,16 +185,9 @@ void cross_two_to_the_32(const HtCase& c, const std::vector<Expected>& rounds, T
     ASSERT_EQ(got.num_recv_tokens, N) << "rank " << rank;
     check_dispatch(c, rank, got, want, N);
 
-    auto d_y = upload(x.y[rank].y.data);
-    auto d_yw = upload(x.y[rank].topk_weights.data);
-    auto d_bias = upload(x.bias[rank].data);
-    HtCombineArgs combine;
-    combine.y = TensorRef::matrix(d_y->data, ScalarType::bf16, N, c.H);
-    combine.topk_weights = TensorRef::matrix(d_yw->data, ScalarType::float32, N, c.K);
-    combine.bias = TensorRef::matrix(d_bias->data, ScalarType::bf16, c.T, c.H);
-    combine.handle = got.handle;
+    const CombineInputs dense = upload_combine_inputs(c, x, rank, N, got.handle, c.H, c.K);
     poison(buffer.combine_input(N, c.H), stream);
-    const HtCombineResult out = buffer.combine(combine, on);
+    const HtCombineResult out = buffer.combine(dense.args, on);
     ASSERT_NO_FATAL_FAILURE(complete(team, stream));
     check_combine(c, rank, out, x.combine[rank]);
   }
