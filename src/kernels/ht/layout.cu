@@ -17,8 +17,8 @@
 //    order the CTAs start: every earlier tile belongs to a CTA that is already running and publishes
 //    its counts before it waits for anything. No wait below can deadlock, whatever the grid's size.
 //  * Each CTA writes its tile's row of partial expert counts, __syncthreads, then thread r (r < R)
-//    publishes the tile's count for rank r with one release store:
-//    tile_totals[tile][r] = (call << kCountBits) | count.
+//    publishes the tile's count for rank r with one release store at GPU scope (only this rank's
+//    CTAs, on this GPU, read it): tile_totals[tile][r] = (call << kCountBits) | count.
 //  * The CTA's threads wait (bounded, acquire) until the words of the earlier tiles carry this call's
 //    number, and add their counts into the tile's base positions; __syncthreads.
 //  * The CTA of the last tile has then seen every tile published (and so every partial row written):
@@ -49,6 +49,8 @@ __device__ void record_error(InputError* error, int t, int k, int64_t value) {
   __threadfence_system();
 }
 
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // Whether a token whose experts live on `ranks` (-1: no expert) goes to rank r.
 template <int kMaxTopk>
 __device__ bool goes_to(const int (&ranks)[kMaxTopk], int r) {
@@ -74,6 +76,12 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   if (threadIdx.x == 0) {
     call_of_cta = transport::load_relaxed_sys(&state->calls) + 1;  // in flight with the ticket (see above)
     tile_of_cta = uint32_t(atomicAdd(&state->tiles_taken, 1ull));
+  }
+  // While the ticket is out: the ids of the tile the CTA most likely gets (tickets mostly follow
+  // blockIdx) start moving into L2.
+  if (const int guess = int(blockIdx.x) * kThreads + int(threadIdx.x); guess < a.num_tokens && a.topk > 0) {
+    const int64_t id_bytes = a.topk_int64 ? 8 : 4;
+    prefetch_l2(static_cast<const char*>(a.topk_idx) + guess * a.topk_row_stride * id_bytes);
   }
   for (int e = threadIdx.x; e < E; e += kThreads) expert_counts[e] = 0;
   for (int r = threadIdx.x; r < R; r += kThreads) base[r] = 0;
@@ -125,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   __syncthreads();  // the partial row is written before the tile is published
   uint64_t* tile_totals = a.scratch.tile_totals;
   for (int r = threadIdx.x; r < R; r += kThreads) {
-    transport::store_release_sys(&tile_totals[int64_t(tile) * R + r], (call << kCountBits) | uint64_t(tile_counts[r]));
+    transport::store_release_gpu(&tile_totals[int64_t(tile) * R + r], (call << kCountBits) | uint64_t(tile_counts[r]));
   }
   bool ok = true;
   for (int i = threadIdx.x; i < tile * R; i += kThreads) {

@@ -39,6 +39,12 @@ __device__ __forceinline__ void store_relaxed_sys(uint64_t* word, uint64_t value
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(word), "l"(value) : "memory");
 }
 
+// For a flag that only the CTAs of one GPU read (a kernel's private words): a GPU-scope release is
+// cheaper than a system-scope one.
+__device__ __forceinline__ void store_release_gpu(uint64_t* flag, uint64_t value) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
+}
+
 __device__ __forceinline__ void store_release_sys(uint64_t* flag, uint64_t value) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
 }
