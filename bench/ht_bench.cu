@@ -248,13 +248,14 @@ class HtBench {
     for (const auto& [name, args] : forms) {
       std::vector<std::vector<double>> us(transport::kTracePoints);
       for (int call = 0; call < kTraceCalls; ++call) {
-        team_.impl().reset_trace();
+        team_.impl().reset_trace(stream());
         before_call(stream());
         buffer_.dispatch(args, HtStreams{stream()});
         check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
         const std::vector<uint64_t> stamps = team_.impl().read_trace();
         const auto first =
             args.cached ? transport::TracePoint::ht_dispatch_start : transport::TracePoint::ht_layout_start;
+        if (stamps[int(first)] == UINT64_MAX) continue;  // no reference point: the call did not run
         for (int p = 0; p < transport::kTracePoints; ++p) {
           const bool reached = stamps[p] != 0 && stamps[p] != UINT64_MAX;
           if (reached) us[p].push_back((double(stamps[p]) - double(stamps[int(first)])) / 1000.0);
@@ -493,6 +494,7 @@ HtBenchResult run_ht_bench(Team& team, const HtBenchOptions& options) {
   result.repetitions = options.repetitions;
   result.buffer_bytes = bench.buffer_bytes();
   result.rows = gather(team, bench.stream(), bench.time_ops(options.repetitions, true));
+  if (options.trace) bench.trace_dispatch();  // before tune(), which leaves the last num_sms it tried
   if (options.tune) {
     if (team.rank() == 0) {
       std::printf("HT: tuning num_sms (each setting checked against the outputs above)...\n");
@@ -501,7 +503,6 @@ HtBenchResult run_ht_bench(Team& team, const HtBenchOptions& options) {
     result.tune_repetitions = options.tune_repetitions;
     result.tuning = by_op(gather(team, bench.stream(), bench.tune()));
   }
-  if (options.trace) bench.trace_dispatch();
   return result;
 }
 

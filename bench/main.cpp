@@ -124,6 +124,10 @@ Args parse(int argc, char** argv) {
       std::exit(2);
     }
   }
+  if (args.skip_ht && args.ht.trace) {
+    std::fprintf(stderr, "epx-bench: --trace traces the HT dispatch, which --skip-ht leaves out\n");
+    std::exit(2);
+  }
   return args;
 }
 

@@ -63,14 +63,15 @@ Team::Impl::~Impl() {
   if (trace != nullptr) cudaFree(trace);
 }
 
-void Team::Impl::reset_trace() {
+void Team::Impl::reset_trace(cudaStream_t stream) {
   EPX_REQUIRE(trace != nullptr, "the phase trace needs a build with -DEPX_PHASE_TRACE=ON");
   std::vector<uint64_t> words(transport::kTracePoints);
   for (int p = 0; p < transport::kTracePoints; ++p) {
     words[p] = transport::trace_keeps_earliest(transport::TracePoint(p)) ? UINT64_MAX : 0;
   }
-  check_cuda(cudaMemcpy(trace, words.data(), sizeof(uint64_t) * words.size(), cudaMemcpyHostToDevice),
-             "cudaMemcpy(phase trace reset)");
+  check_cuda(cudaMemcpyAsync(trace, words.data(), sizeof(uint64_t) * words.size(), cudaMemcpyHostToDevice, stream),
+             "cudaMemcpyAsync(phase trace reset)");
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize(phase trace reset)");
 }
 
 std::vector<uint64_t> Team::Impl::read_trace() {

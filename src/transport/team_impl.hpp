@@ -1,6 +1,8 @@
 // Inside a Team: the transport backend that owns the memory, and the device view kernels receive.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -60,9 +62,9 @@ struct Team::Impl {
   void mark_failed();
   transport::TeamView view() const;
   // Phase trace (transport/device/phase_trace.hpp; EPX_PHASE_TRACE builds, else they throw): every
-  // point back to "not reached", on the device; then, after the traced call, the stamps (ns; a point
-  // not reached reads 0 or UINT64_MAX).
-  void reset_trace();
+  // point back to "not reached", in `stream`'s order and landed on return; then, after the traced
+  // call (its stream synchronised), the stamps (ns; a point not reached reads 0 or UINT64_MAX).
+  void reset_trace(cudaStream_t stream);
   std::vector<uint64_t> read_trace();
   transport::SymmetricView symmetric_view(const SymmetricMemory& memory) const;
 };

@@ -14,7 +14,7 @@ namespace epx::transport {
 enum class TracePoint : int {
   ht_layout_start,           // HT layout: its first CTA has started
   ht_layout_bases,           // every layout CTA has the earlier tiles' counts
-  ht_layout_end,             // every layout CTA is done
+  ht_layout_end,             // thread 0 of every layout CTA is done
   ht_dispatch_start,         // HT dispatch: its first CTA has started
   ht_dispatch_layout_done,   // every dispatch CTA is past its wait for the layout grid
   ht_dispatch_counts_cta0,   // CTA 0 has every rank's counts
