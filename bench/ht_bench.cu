@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <utility>
 
 #include "bench/check.hpp"
 #include "bench/device_data.hpp"
@@ -20,6 +21,8 @@
 #include "epx/reference/fp8_cast.hpp"
 #include "epx/reference/ht.hpp"
 #include "epx/reference/layout.hpp"
+#include "transport/device/phase_trace.hpp"
+#include "transport/team_impl.hpp"
 
 namespace epx::bench {
 namespace {
@@ -174,16 +177,7 @@ class HtBench {
   // Every op, `repetitions` times each with the buffer's current config. Unless `every_op`, only those
   // tune() compares: dispatch BF16 (exact form), dispatch FP8 and combine.
   std::vector<Measured> time_ops(int repetitions, bool every_op) {
-    int l2_bytes = 0;
-    check_cuda(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, team_.device()), "cudaDeviceGetAttribute");
-    const std::size_t flush_bytes = 2 * std::size_t(l2_bytes);
-    DeviceMemory flush = device_alloc(flush_bytes);
-    // Untimed before every repetition: evict L2 (inputs come from HBM, as DESIGN §3 asks), then a
-    // barrier so that every rank's repetition starts together.
-    const auto before = [&](cudaStream_t s) {
-      check_cuda(cudaMemsetAsync(flush.get(), 0, flush_bytes, s), "cudaMemsetAsync(L2 flush)");
-      enqueue_team_barrier(team_, s);
-    };
+    const auto before = [&](cudaStream_t s) { before_call(s); };
     const auto time = [&](const std::function<void(cudaStream_t)>& op) {
       return time_on_stream(stream_.get(), o_.warmup, repetitions, before, op);
     };
@@ -243,10 +237,60 @@ class HtBench {
     return rows;
   }
 
+  // --trace (a build with -DEPX_PHASE_TRACE=ON): each dispatch form called eagerly kTraceCalls
+  // times, each call's phase stamps read back; prints, per rank, the median of each point in us from
+  // the call's first stamp (the layout's start; the dispatch's for the cached form).
+  void trace_dispatch() {
+    constexpr int kTraceCalls = 21;
+    const HtDispatchArgs cached = cached_args();
+    const std::pair<const char*, HtDispatchArgs> forms[] = {
+        {"dispatch_bf16", bf16_args()}, {"dispatch_fp8", fp8_args()}, {"dispatch_cached", cached}};
+    for (const auto& [name, args] : forms) {
+      std::vector<std::vector<double>> us(transport::kTracePoints);
+      for (int call = 0; call < kTraceCalls; ++call) {
+        team_.impl().reset_trace(stream());
+        before_call(stream());
+        buffer_.dispatch(args, HtStreams{stream()});
+        check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+        const std::vector<uint64_t> stamps = team_.impl().read_trace();
+        const auto first =
+            args.cached ? transport::TracePoint::ht_dispatch_start : transport::TracePoint::ht_layout_start;
+        if (stamps[int(first)] == UINT64_MAX) continue;  // no reference point: the call did not run
+        for (int p = 0; p < transport::kTracePoints; ++p) {
+          const bool reached = stamps[p] != 0 && stamps[p] != UINT64_MAX;
+          if (reached) us[p].push_back((double(stamps[p]) - double(stamps[int(first)])) / 1000.0);
+        }
+      }
+      std::string line = "trace rank " + std::to_string(me_) + " " + name + ":";
+      for (int p = 0; p < transport::kTracePoints; ++p) {
+        if (us[p].empty()) continue;
+        char point[96];
+        std::snprintf(point, sizeof point, " %s=%.2f", transport::kTracePointNames[p], summarize(us[p]).median_us);
+        line += point;
+      }
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    }
+    team_.check_device_errors();
+  }
+
   cudaStream_t stream() const { return stream_.get(); }
   std::size_t buffer_bytes() const { return buffer_.buffer_bytes(); }
 
  private:
+  // Untimed before every timed or traced call: evict L2 (inputs come from HBM, as DESIGN §3 asks),
+  // then a barrier so that every rank's call starts together.
+  void before_call(cudaStream_t s) {
+    if (!l2_flush_) {
+      int l2_bytes = 0;
+      check_cuda(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, team_.device()), "cudaDeviceGetAttribute");
+      l2_flush_bytes_ = 2 * std::size_t(l2_bytes);
+      l2_flush_ = device_alloc(l2_flush_bytes_);
+    }
+    check_cuda(cudaMemsetAsync(l2_flush_.get(), 0, l2_flush_bytes_, s), "cudaMemsetAsync(L2 flush)");
+    enqueue_team_barrier(team_, s);
+  }
+
   TensorRef topk_idx() const { return TensorRef::matrix(topk_idx_.get(), ScalarType::int64, o_.tokens, o_.topk); }
 
   HtDispatchArgs bf16_args() const {
@@ -370,6 +414,8 @@ class HtBench {
   HtBuffer buffer_;
   Checker check_;
   DeviceMemory topk_idx_, weights_, x_bf16_, x_fp8_, scales_, y_;
+  DeviceMemory l2_flush_;  // before_call's, twice the L2
+  std::size_t l2_flush_bytes_ = 0;
   DeviceMemory rank_counts_, expert_counts_, in_rank_;
   HtLayout layout_out_;
   std::vector<int32_t> rows_to_rank_;       // this rank's tokens per destination rank (reference layout)
@@ -387,6 +433,9 @@ void validate(const HtBenchOptions& o) {
   require(o.topk <= o.experts, "--topk must be at most --experts (each token picks distinct experts)");
   require(o.num_sms >= 0, "--ht-sms must be >= 0 (0: the library's default)");
   require(o.repetitions >= 1 && o.tune_repetitions >= 1 && o.warmup >= 0, "repetitions must be >= 1");
+#ifndef EPX_PHASE_TRACE
+  require(!o.trace, "--trace needs a build with cmake -DEPX_PHASE_TRACE=ON");
+#endif
 }
 
 // Every rank's measurements per row -> the slowest rank's row.
@@ -445,6 +494,7 @@ HtBenchResult run_ht_bench(Team& team, const HtBenchOptions& options) {
   result.repetitions = options.repetitions;
   result.buffer_bytes = bench.buffer_bytes();
   result.rows = gather(team, bench.stream(), bench.time_ops(options.repetitions, true));
+  if (options.trace) bench.trace_dispatch();  // before tune(), which leaves the last num_sms it tried
   if (options.tune) {
     if (team.rank() == 0) {
       std::printf("HT: tuning num_sms (each setting checked against the outputs above)...\n");

@@ -23,6 +23,7 @@ struct HtBenchOptions {
   int warmup = 10;
   int repetitions = 100;  // timed, per op
   bool tune = false;      // also time dispatch BF16/FP8 and combine per num_sms (kHtTuneSms)
+  bool trace = false;     // then print the dispatch's phase trace (a build with -DEPX_PHASE_TRACE=ON)
   int tune_repetitions = 30;
   uint64_t seed = 20261122;
 };

@@ -39,7 +39,7 @@ void usage() {
   const LlBenchOptions ll;
   std::printf(
       "usage: epx-bench [--json FILE] [--device-kind NAME] [--commit SHA] [--timeout-ms N]\n"
-      "                 [--skip-ht] [--ht-sms N] [--ht-tune] [--tokens T]\n"
+      "                 [--skip-ht] [--ht-sms N] [--ht-tune] [--trace] [--tokens T]\n"
       "                 [--skip-ll] [--ll-sms N] [--ll-tune] [--ll-tokens T]\n"
       "                 [--hidden H] [--topk K] [--experts E]\n"
       "  Runs on every local GPU, one process each (or as one rank under torchrun-style RANK/WORLD_SIZE/\n"
@@ -49,7 +49,8 @@ void usage() {
       "  HT: layout, dispatch BF16/FP8 and combine with T tokens per rank (--tokens, default %d);\n"
       "  --ht-sms: HtConfig::num_sms (default the library's). --ht-tune: then times dispatch BF16/FP8\n"
       "  and combine per num_sms (8..32, %d repetitions each), each setting's outputs compared with the\n"
-      "  checked ones, and adds ht_tuning and ht_best_sms to FILE.\n"
+      "  checked ones, and adds ht_tuning and ht_best_sms to FILE. --trace (a build with cmake\n"
+      "  -DEPX_PHASE_TRACE=ON only): then prints the dispatch's phase trace per rank.\n"
       "  LL: dispatch FP8/BF16, combine (local and naive order) and dispatch + combine, T tokens per rank\n"
       "  (--ll-tokens, default %d; also the buffer's T_max), each one call captured in a CUDA graph and\n"
       "  replayed %d times; --ll-sms: LlConfig::num_sms (default the library's). --ll-tune: then times\n"
@@ -96,6 +97,8 @@ Args parse(int argc, char** argv) {
       args.ht.num_sms = number();
     else if (a == "--ht-tune")
       args.ht.tune = true;
+    else if (a == "--trace")
+      args.ht.trace = true;
     else if (a == "--tokens")
       args.ht.tokens = number();
     else if (a == "--skip-ll")
@@ -120,6 +123,10 @@ Args parse(int argc, char** argv) {
       usage();
       std::exit(2);
     }
+  }
+  if (args.skip_ht && args.ht.trace) {
+    std::fprintf(stderr, "epx-bench: --trace traces the HT dispatch, which --skip-ht leaves out\n");
+    std::exit(2);
   }
   return args;
 }

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "core/cuda_check.hpp"
+#include "transport/device/phase_trace.hpp"
 #include "transport/nccl_backend.hpp"
 #include "transport/single_gpu_backend.hpp"
 #include "transport/team_impl.hpp"
@@ -38,6 +41,10 @@ std::unique_ptr<Team::Impl> new_impl(int rank, int nranks, bool single_gpu, cons
   void* report_device = nullptr;
   check_cuda(cudaHostGetDevicePointer(&report_device, report, 0), "cudaHostGetDevicePointer(wait report)");
   impl->report_device = static_cast<transport::WaitReport*>(report_device);
+#ifdef EPX_PHASE_TRACE
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl->trace), sizeof(uint64_t) * transport::kTracePoints),
+             "cudaMalloc(phase trace)");
+#endif
   return impl;
 }
 
@@ -53,6 +60,26 @@ Team::Impl::~Impl() {
   control = SymmetricMemory();  // before the backend it came from
   backend.reset();
   if (report_host != nullptr) cudaFreeHost(report_host);
+  if (trace != nullptr) cudaFree(trace);
+}
+
+void Team::Impl::reset_trace(cudaStream_t stream) {
+  EPX_REQUIRE(trace != nullptr, "the phase trace needs a build with -DEPX_PHASE_TRACE=ON");
+  std::vector<uint64_t> words(transport::kTracePoints);
+  for (int p = 0; p < transport::kTracePoints; ++p) {
+    words[p] = transport::trace_keeps_earliest(transport::TracePoint(p)) ? UINT64_MAX : 0;
+  }
+  check_cuda(cudaMemcpyAsync(trace, words.data(), sizeof(uint64_t) * words.size(), cudaMemcpyHostToDevice, stream),
+             "cudaMemcpyAsync(phase trace reset)");
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize(phase trace reset)");
+}
+
+std::vector<uint64_t> Team::Impl::read_trace() {
+  EPX_REQUIRE(trace != nullptr, "the phase trace needs a build with -DEPX_PHASE_TRACE=ON");
+  std::vector<uint64_t> words(transport::kTracePoints);
+  check_cuda(cudaMemcpy(words.data(), trace, sizeof(uint64_t) * words.size(), cudaMemcpyDeviceToHost),
+             "cudaMemcpy(phase trace read)");
+  return words;
 }
 
 transport::SymmetricView Team::Impl::symmetric_view(const SymmetricMemory& memory) const {
@@ -69,6 +96,7 @@ transport::TeamView Team::Impl::view() const {
       static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(options.wait_timeout).count());
   v.report = report_device;
   v.control = symmetric_view(control);
+  v.trace = trace;
   return v;
 }
 

@@ -1,7 +1,10 @@
 // Inside a Team: the transport backend that owns the memory, and the device view kernels receive.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -51,12 +54,18 @@ struct Team::Impl {
   transport::WaitReport* report_host = nullptr;    // host-mapped, see WaitReport
   transport::WaitReport* report_device = nullptr;  // the same memory, device address
   SymmetricMemory control;                         // a transport::ControlRegion on every rank
+  uint64_t* trace = nullptr;                       // phase-trace words (EPX_PHASE_TRACE builds)
   bool failed = false;
 
   ~Impl();
   // After a wait expired (device or host): later collective work refuses, teardown stops waiting for peers.
   void mark_failed();
   transport::TeamView view() const;
+  // Phase trace (transport/device/phase_trace.hpp; EPX_PHASE_TRACE builds, else they throw): every
+  // point back to "not reached", in `stream`'s order and landed on return; then, after the traced
+  // call (its stream synchronised), the stamps (ns; a point not reached reads 0 or UINT64_MAX).
+  void reset_trace(cudaStream_t stream);
+  std::vector<uint64_t> read_trace();
   transport::SymmetricView symmetric_view(const SymmetricMemory& memory) const;
 };
 

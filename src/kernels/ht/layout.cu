@@ -31,6 +31,7 @@
 #include "core/cuda_check.hpp"
 #include "kernels/ht/launch.hpp"
 #include "kernels/ht/protocol.cuh"
+#include "transport/device/phase_trace.hpp"
 
 namespace epx::kernels::ht {
 namespace {
@@ -74,6 +75,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   LayoutState* state = a.scratch.state;
   allow_dependent_launch();  // the dispatch kernel after it may start now (see launch_dispatch)
   if (threadIdx.x == 0) {
+    transport::trace(a.scratch.team, transport::TracePoint::ht_layout_start);
     call_of_cta = transport::load_relaxed_sys(&state->calls) + 1;  // in flight with the ticket (see above)
     tile_of_cta = uint32_t(atomicAdd(&state->tiles_taken, 1ull));
   }
@@ -143,6 +145,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
     if (ok) atomicAdd(&base[i % R], int(transport::load_relaxed_sys(&tile_totals[i]) & kCountMask));
   }
   ok = __syncthreads_and(ok);  // every base is complete; what one thread acquired, all may read
+  if (threadIdx.x == 0) transport::trace(a.scratch.team, transport::TracePoint::ht_layout_bases);
 
   if (ok) {  // else the team has failed: the call will fail, its outputs are not read
     for (int r = 0; r < R; ++r) {
@@ -154,7 +157,10 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
       if (a.out.is_token_in_rank != nullptr) a.out.is_token_in_rank[int64_t(t) * R + r] = in;
     }
   }
-  if (tile != int(gridDim.x) - 1) return;
+  if (tile != int(gridDim.x) - 1) {
+    if (threadIdx.x == 0) transport::trace(a.scratch.team, transport::TracePoint::ht_layout_end);
+    return;
+  }
   if (ok) {
     for (int r = threadIdx.x; r < R; r += kThreads) a.out.rank_counts[r] = base[r] + tile_counts[r];
     if (a.out.expert_token_counts != nullptr) {
@@ -169,6 +175,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   if (threadIdx.x == 0) {
     state->tiles_taken = 0;
     state->calls = call;
+    transport::trace(a.scratch.team, transport::TracePoint::ht_layout_end);
   }
 }
 

@@ -75,6 +75,7 @@ struct TeamView {
   uint64_t timeout_ns;
   WaitReport* report;     // device address of this rank's host-mapped report
   SymmetricView control;  // each rank's ControlRegion
+  uint64_t* trace;        // this rank's phase-trace words (EPX_PHASE_TRACE builds; else null)
 
   __host__ __device__ ControlRegion* control_of(int r) const {
     return reinterpret_cast<ControlRegion*>(control.base[r]);

@@ -1,0 +1,58 @@
+// Phase trace, for profiling only (cmake -DEPX_PHASE_TRACE=ON; epx-bench --trace prints it). Kernels
+// stamp %globaltimer at the numbered points below into their team's trace words (TeamView::trace): a
+// point keeps the earliest stamp of the threads that reach it when it is a start, else the latest.
+// The host resets the words before a call and reads them after it (Team::Impl::reset_trace and
+// read_trace). Without the option there are no words and a stamp compiles to nothing.
+#pragma once
+
+#include <cstdint>
+
+#include "transport/device/team_view.hpp"
+
+namespace epx::transport {
+
+enum class TracePoint : int {
+  ht_layout_start,           // HT layout: its first CTA has started
+  ht_layout_bases,           // every layout CTA has the earlier tiles' counts
+  ht_layout_end,             // thread 0 of every layout CTA is done
+  ht_dispatch_start,         // HT dispatch: its first CTA has started
+  ht_dispatch_layout_done,   // every dispatch CTA is past its wait for the layout grid
+  ht_dispatch_counts_cta0,   // CTA 0 has every rank's counts
+  ht_dispatch_reported,      // CTA 0 has reported N to the host
+  ht_dispatch_counts,        // every CTA knows whether and where to send
+  ht_dispatch_first_stores,  // every warp has issued its first row's stores
+  ht_dispatch_last_stores,   // every warp has issued its last row's stores
+  ht_dispatch_stores_done,   // every warp's stores are done
+  ht_dispatch_signalled,     // the last CTA has signalled the peers
+  ht_dispatch_end,           // every peer's rows are here
+  count
+};
+inline constexpr int kTracePoints = int(TracePoint::count);
+inline constexpr const char* kTracePointNames[kTracePoints] = {
+    "layout_start",         "layout_bases",       "layout_end",      "dispatch_start",        "dispatch_layout_done",
+    "dispatch_counts_cta0", "dispatch_reported",  "dispatch_counts", "dispatch_first_stores", "dispatch_last_stores",
+    "dispatch_stores_done", "dispatch_signalled", "dispatch_end"};
+inline constexpr bool trace_keeps_earliest(TracePoint p) {
+  return p == TracePoint::ht_layout_start || p == TracePoint::ht_dispatch_start;
+}
+
+#ifdef __CUDACC__
+// Called by one thread per stamp (a CTA's thread 0, or a warp's lane 0).
+__device__ __forceinline__ void trace(const TeamView& team, TracePoint p) {
+#ifdef EPX_PHASE_TRACE
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  auto* word = reinterpret_cast<unsigned long long*>(team.trace) + int(p);
+  if (trace_keeps_earliest(p)) {
+    atomicMin(word, now);
+  } else {
+    atomicMax(word, now);
+  }
+#else
+  (void)team;
+  (void)p;
+#endif
+}
+#endif
+
+}  // namespace epx::transport
