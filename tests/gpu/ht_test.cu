@@ -169,25 +169,34 @@ void start_calls_at(HtBuffer& buffer, const HtBufferOptions& options, int R, uin
 // Two rounds of dispatch and combine (with the copy of y) on a buffer whose call numbers start just
 // below 2^32: round 1 is call 2^32 - 1, round 2 call 2^32, whose stamp (its low 32 bits) is 0. Round 2
 // has other routing and other y, and the combine input is poisoned before each combine, so a count or
-// copy-progress word of round 1 taken for round 2's gives wrong rows.
+// copy-progress word of round 1 taken for round 2's gives wrong rows. Every device array of both rounds
+// is made before the first (single_gpu_ranks.hpp: no cudaMalloc or cudaFree between a team's calls).
 void cross_two_to_the_32(const HtCase& c, const std::vector<Expected>& rounds, Team& team, cudaStream_t stream) {
   const int rank = team.rank();
+  RankInputs inputs = allocate_inputs(c.T, c.H, c.K);
+  std::vector<CombineInputs> combine_inputs;
+  for (const Expected& x : rounds) {
+    combine_inputs.push_back(
+        upload_combine_inputs(c, x, rank, x.dispatch.recv[rank].num_recv_tokens, nullptr, c.H, c.K));
+  }
   const HtBufferOptions options{std::max(c.T, 1), c.H, c.K, rounds[0].E};
   HtBuffer buffer(team, options);
   start_calls_at(buffer, options, rounds[0].R, (uint64_t(1) << 32) - 2);
   const HtStreams on{stream};
-  for (const Expected& x : rounds) {
+  for (std::size_t i = 0; i < rounds.size(); ++i) {
+    const Expected& x = rounds[i];
     const ref::HtRecv& want = x.dispatch.recv[rank];
     const int64_t N = want.num_recv_tokens;
-    RankInputs inputs = upload_inputs(c, x.tokens[rank]);
+    write_inputs(c, x.tokens[rank], inputs);
     const HtDispatchResult got = buffer.dispatch(inputs.args, on);
     ASSERT_NO_FATAL_FAILURE(complete(team, stream));
     ASSERT_EQ(got.num_recv_tokens, N) << "rank " << rank;
     check_dispatch(c, rank, got, want, N);
 
-    const CombineInputs dense = upload_combine_inputs(c, x, rank, N, got.handle, c.H, c.K);
+    HtCombineArgs& args = combine_inputs[i].args;
+    args.handle = got.handle;
     poison(buffer.combine_input(N, c.H), stream);
-    const HtCombineResult out = buffer.combine(dense.args, on);
+    const HtCombineResult out = buffer.combine(args, on);
     ASSERT_NO_FATAL_FAILURE(complete(team, stream));
     check_combine(c, rank, out, x.combine[rank]);
   }

@@ -4,6 +4,9 @@
 // Rule for bodies: keep few launches in flight per rank (synchronise the stream every few steps).
 // The ranks' kernels wait for each other on one GPU; if one host thread fills the GPU's command queue
 // with launches that cannot run yet, the launches the others need may never be submitted.
+// Nor may a body call cudaMalloc or cudaFree between the team's calls: they can wait for the whole
+// GPU, so for another rank's kernel that waits for this rank's next call (seen: a wait expired in
+// the second of two dispatches whose first one's inputs were freed in between).
 #pragma once
 
 #include <cuda_runtime_api.h>
