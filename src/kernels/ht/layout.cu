@@ -88,6 +88,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   for (int e = threadIdx.x; e < E; e += kThreads) expert_counts[e] = 0;
   for (int r = threadIdx.x; r < R; r += kThreads) base[r] = 0;
   __syncthreads();
+  if (threadIdx.x == 0) transport::trace(a.scratch.team, transport::TracePoint::ht_layout_ticket);
   const int tile = int(tile_of_cta);
   const uint64_t call = call_of_cta;
   const int t = tile * kThreads + threadIdx.x;
@@ -119,6 +120,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
     if (lane == 0) warp_offsets[warp][r] = __popc(in);
   }
   __syncthreads();
+  if (threadIdx.x == 0) transport::trace(a.scratch.team, transport::TracePoint::ht_layout_counted);
   int32_t* partials = a.scratch.expert_partials;
   if (tile * kThreads < a.num_tokens) {
     for (int e = threadIdx.x; e < E; e += kThreads) partials[int64_t(tile) * E + e] = expert_counts[e];
@@ -137,6 +139,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   for (int r = threadIdx.x; r < R; r += kThreads) {
     transport::store_release_gpu(&tile_totals[int64_t(tile) * R + r], (call << kCountBits) | uint64_t(tile_counts[r]));
   }
+  if (threadIdx.x == 0) transport::trace(a.scratch.team, transport::TracePoint::ht_layout_published);
   bool ok = true;
   for (int i = threadIdx.x; i < tile * R; i += kThreads) {
     ok = ok && transport::wait_at_least(

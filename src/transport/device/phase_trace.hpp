@@ -13,6 +13,9 @@ namespace epx::transport {
 
 enum class TracePoint : int {
   ht_layout_start,           // HT layout: its first CTA has started
+  ht_layout_ticket,          // every layout CTA has its tile (its ticket and call number are back)
+  ht_layout_counted,         // every layout CTA has counted its tile (ids loaded, expert and rank counts)
+  ht_layout_published,       // every layout CTA has published its tile's totals
   ht_layout_bases,           // every layout CTA has the earlier tiles' counts
   ht_layout_end,             // thread 0 of every layout CTA is done
   ht_dispatch_start,         // HT dispatch: its first CTA has started
@@ -29,9 +32,10 @@ enum class TracePoint : int {
 };
 inline constexpr int kTracePoints = int(TracePoint::count);
 inline constexpr const char* kTracePointNames[kTracePoints] = {
-    "layout_start",         "layout_bases",       "layout_end",      "dispatch_start",        "dispatch_layout_done",
-    "dispatch_counts_cta0", "dispatch_reported",  "dispatch_counts", "dispatch_first_stores", "dispatch_last_stores",
-    "dispatch_stores_done", "dispatch_signalled", "dispatch_end"};
+    "layout_start",         "layout_ticket",        "layout_counted",     "layout_published",
+    "layout_bases",         "layout_end",           "dispatch_start",     "dispatch_layout_done",
+    "dispatch_counts_cta0", "dispatch_reported",    "dispatch_counts",    "dispatch_first_stores",
+    "dispatch_last_stores", "dispatch_stores_done", "dispatch_signalled", "dispatch_end"};
 inline constexpr bool trace_keeps_earliest(TracePoint p) {
   return p == TracePoint::ht_layout_start || p == TracePoint::ht_dispatch_start;
 }
