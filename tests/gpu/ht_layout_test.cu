@@ -81,9 +81,9 @@ std::vector<LayoutCase> cases() {
   return {
       {2, 0, 8, 64, false, false, "NoTokens"},
       {2, 1, 1, 2, true, false, "OneToken_TopOne"},
-      {2, 1024, 8, 256, false, true, "OneFullTile"},
-      {2, 1025, 8, 256, true, false, "OneTokenIntoTheSecondTile"},
-      {2, 5000, 8, 256, false, true, "FiveTiles_DeepSeekRouting"},
+      {2, 256, 8, 256, false, true, "OneFullTile"},
+      {2, 257, 8, 256, true, false, "OneTokenIntoTheSecondTile"},
+      {2, 5000, 8, 256, false, true, "TwentyTiles_DeepSeekRouting"},
       {4, 3000, 9, 64, true, true, "NineSlots_Int32"},
       {8, 2100, 32, 256, false, true, "ThirtyTwoSlots_EightRanks"},
   };

@@ -147,8 +147,8 @@ std::vector<HtCase> cases() {
   v.push_back({8, 64, 2048, 8, 8, Rt::uniform, 0.0, false, false, false, 1, "SingleGpu8_EveryTokenToEveryRank"});
   // A row of 2304 bytes: the combine pulls rows in pieces of 2 KiB, so its last piece is partial.
   v.push_back({2, 100, 1152, 8, 64, Rt::uniform, 0.1, true, false, false, 1, "SingleGpu2_Hidden1152_Fp8"});
-  // Send positions that carry over between the layout kernel's tiles of 1024 tokens; more than 8 slots.
-  v.push_back({2, 2500, 2048, 9, 64, Rt::zipf, 0.1, false, false, false, 1, "SingleGpu2_ThreeLayoutTiles_NineSlots"});
+  // Send positions that carry over between the layout kernel's tiles (of 256 tokens); more than 8 slots.
+  v.push_back({2, 2500, 2048, 9, 64, Rt::zipf, 0.1, false, false, false, 1, "SingleGpu2_TenLayoutTiles_NineSlots"});
   return v;
 }
 

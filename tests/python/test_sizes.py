@@ -15,14 +15,14 @@ def test_ht_bytes_per_token_worked_by_hand():
     # Per token a rank may receive (R of them per token slot): x row 2H (BF16, the widest), scales
     # 4 * H/128, src_idx 4, topk_idx 8K, weights 4K; the combine input again 2H and 4K. Per token it
     # sends: the combine output 2H and its weights 4K (private). With T a multiple of 256 every array
-    # stays a multiple of the 128-byte alignment, so the difference is exact. Per started tile of 1024
+    # stays a multiple of the 128-byte alignment, so the difference is exact. Per started tile of 256
     # tokens, the layout kernel's scratch (private): 8 bytes per rank and 4 per expert.
     R, H, K, E = 2, 7168, 8, 256
     per_token = R * (2 * H + 4 * H // 128 + 4 + 8 * K + 4 * K + 2 * H + 4 * K) + (2 * H + 4 * K)
     assert per_token == 72424
     per_layout_tile = 8 * R + 4 * E
     assert ht_bytes(R, 4096 + 256) - ht_bytes(R, 4096) == 256 * per_token + per_layout_tile
-    assert ht_bytes(R, 4096 + 512) - ht_bytes(R, 4096 + 256) == 256 * per_token
+    assert ht_bytes(R, 4096 + 512) - ht_bytes(R, 4096 + 256) == 256 * per_token + per_layout_tile
 
 
 def test_ht_bytes_grow_with_ranks_tokens_hidden():
