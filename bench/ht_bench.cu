@@ -424,20 +424,6 @@ class HtBench {
   Outputs checked_;                         // with o_.tune: the checked pass's outputs, for check_again()
 };
 
-void validate(const HtBenchOptions& o) {
-  auto require = [](bool ok, const std::string& what) {
-    if (!ok) throw std::invalid_argument("HT bench: " + what);
-  };
-  require(o.tokens >= 1 && o.hidden >= 1 && o.topk >= 1 && o.experts >= 1,
-          "--tokens, --hidden, --topk and --experts must be positive");
-  require(o.topk <= o.experts, "--topk must be at most --experts (each token picks distinct experts)");
-  require(o.num_sms >= 0, "--ht-sms must be >= 0 (0: the library's default)");
-  require(o.repetitions >= 1 && o.tune_repetitions >= 1 && o.warmup >= 0, "repetitions must be >= 1");
-#ifndef EPX_PHASE_TRACE
-  require(!o.trace, "--trace needs a build with cmake -DEPX_PHASE_TRACE=ON");
-#endif
-}
-
 // Every rank's measurements per row -> the slowest rank's row.
 std::vector<HtBenchRow> gather(Team& team, cudaStream_t stream, const std::vector<Measured>& measured) {
   std::vector<RankTiming> mine;
@@ -474,8 +460,22 @@ std::vector<HtTuning> by_op(const std::vector<HtBenchRow>& rows) {
 
 }  // namespace
 
+void validate_ht_bench_options(const HtBenchOptions& o) {
+  auto require = [](bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("HT bench: " + what);
+  };
+  require(o.tokens >= 1 && o.hidden >= 1 && o.topk >= 1 && o.experts >= 1,
+          "--tokens, --hidden, --topk and --experts must be positive");
+  require(o.topk <= o.experts, "--topk must be at most --experts (each token picks distinct experts)");
+  require(o.num_sms >= 0, "--ht-sms must be >= 0 (0: the library's default)");
+  require(o.repetitions >= 1 && o.tune_repetitions >= 1 && o.warmup >= 0, "repetitions must be >= 1");
+#ifndef EPX_PHASE_TRACE
+  require(!o.trace, "--trace needs a build with cmake -DEPX_PHASE_TRACE=ON");
+#endif
+}
+
 HtBenchResult run_ht_bench(Team& team, const HtBenchOptions& options) {
-  validate(options);
+  validate_ht_bench_options(options);
   const auto start = std::chrono::steady_clock::now();
   HtBench bench(team, options);
   require_every_rank(team, bench.stream(), bench.check(), "HT outputs differ from the CPU reference");

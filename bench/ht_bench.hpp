@@ -57,6 +57,10 @@ struct HtBenchResult {
   std::vector<HtTuning> tuning;  // empty unless options.tune
 };
 
+// Throws std::invalid_argument naming the first option out of range (run_ht_bench checks too; the
+// command checks before it measures anything).
+void validate_ht_bench_options(const HtBenchOptions& options);
+
 // Collective over the team (one process per GPU); every rank returns the same gathered result. Throws
 // (after every rank has printed what differed) when any rank's outputs differ from the reference.
 HtBenchResult run_ht_bench(Team& team, const HtBenchOptions& options);

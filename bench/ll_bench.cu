@@ -512,7 +512,9 @@ class LlBench {
   std::vector<uint16_t> checked_local_;  // with o_.tune: the reference's local-order combine
 };
 
-void validate(const LlBenchOptions& o, int ranks) {
+}  // namespace
+
+void validate_ll_bench_options(const LlBenchOptions& o, int ranks) {
   auto require = [](bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("LL bench: " + what);
   };
@@ -526,10 +528,8 @@ void validate(const LlBenchOptions& o, int ranks) {
           "replays must be >= 1, with warmup + replays even");
 }
 
-}  // namespace
-
 LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
-  validate(options, team.size());
+  validate_ll_bench_options(options, team.size());
   const auto start = std::chrono::steady_clock::now();
   LlBench bench(team, options);
   require_every_rank(team, bench.stream(), bench.check(), "LL outputs differ from the CPU reference");

@@ -54,6 +54,10 @@ struct LlBenchResult {
   int best_sms = 0;              // with tune: the setting of the smallest dispatch_us + combine_us
 };
 
+// Throws std::invalid_argument naming the first option out of range for a team of `ranks` (run_ll_bench
+// checks too; the command checks before it measures anything).
+void validate_ll_bench_options(const LlBenchOptions& options, int ranks);
+
 // Collective over the team (one process per GPU); every rank returns the same gathered result. Throws
 // (after every rank has printed what differed) when any rank's outputs differ from the reference.
 LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options);

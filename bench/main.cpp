@@ -411,6 +411,9 @@ int run(int argc, char** argv) {
   TeamOptions options;
   options.wait_timeout = std::chrono::milliseconds(args.timeout_ms);
   auto team = launch::make_team(start.rank, options);
+  // Options out of range are refused before anything is measured.
+  if (!args.skip_ht) validate_ht_bench_options(args.ht);
+  if (!args.skip_ll) validate_ll_bench_options(args.ll, team->size());
   const Limits limits = measure_limits(*team);
   std::optional<HtBenchResult> ht;
   if (!args.skip_ht) ht = run_ht_bench(*team, args.ht);

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A/B of builds on a GPU machine: runs epx-bench of each build in turn, `runs` rounds (A B A B ...), so
 # that drift over the run falls on every build alike, and prints each run's table rows. The builds are
-# folders with bench/epx-bench (made here or carried); every run checks its outputs against the CPU
-# reference before it times anything. Each run's JSON and full output go to $OUT (or ./device-out) as
-# <build>-<round>.json and .txt: with several builds and rounds that is many files, so a machine that
-# returns few files gets the tables from this script's own output.
+# folders with bench/epx-bench (made here or carried), relative to the repository root; every run
+# checks its outputs against the CPU reference before it times anything. Each run's JSON and full
+# output go to $OUT (or ./device-out) as <build>-<round>.json and .txt, <build> being the build's path
+# with every character other than letters, digits, - and _ made _. With several builds and rounds
+# that is many files, so a machine that returns few files gets the tables from this script's output.
 #
 #   scripts/ab_bench.sh [--runs N] BUILD [BUILD ...] [-- epx-bench arguments]
 #
@@ -20,7 +21,7 @@ while [ $# -gt 0 ]; do
     *) builds+=("$1"); shift ;;
   esac
 done
-if [ ${#builds[@]} -eq 0 ]; then
+if [ ${#builds[@]} -eq 0 ] || ! [[ "$runs" =~ ^[1-9][0-9]*$ ]]; then
   echo "usage: $0 [--runs N] BUILD [BUILD ...] [-- epx-bench arguments]" >&2
   exit 2
 fi
@@ -34,9 +35,9 @@ source scripts/nccl_env.sh
 status=0
 for round in $(seq 1 "$runs"); do
   for b in "${builds[@]}"; do
-    name="$(basename "$b")-$round"
+    name="${b//[^A-Za-z0-9_-]/_}-$round"
     echo "== $b, round $round"
-    timeout 300 "$b/bench/epx-bench" "${bench_args[@]}" --json "$out/$name.json" >"$out/$name.txt" 2>&1
+    timeout 300 "$b/bench/epx-bench" ${bench_args[@]+"${bench_args[@]}"} --json "$out/$name.json" >"$out/$name.txt" 2>&1
     rc=$?
     [ $rc -eq 0 ] || { echo "exit $rc"; tail -5 "$out/$name.txt"; status=1; }
     grep -E "checked in|^(layout|dispatch|combine)|^op " "$out/$name.txt"

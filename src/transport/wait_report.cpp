@@ -35,18 +35,29 @@ const char* phase_name(WaitPhase phase) {
   return "unknown phase";
 }
 
+bool waits_for_stamp(WaitPhase phase) { return phase == WaitPhase::ht_notify || phase == WaitPhase::ht_combine_ready; }
+
 std::string describe(const WaitReport& report) {
   if (std::atomic_ref<const uint32_t>(report.complete).load() == 0u) {
     return "a device wait timed out, but its report was not complete (the kernel may still be running)";
   }
-  char text[320];
+  const auto phase = static_cast<WaitPhase>(report.phase);
+  char what[160];
+  if (waits_for_stamp(phase)) {  // the halves of a stamped word (core::stamped)
+    std::snprintf(what, sizeof what, "expected call stamp %u with a value >= %u, saw call stamp %u with value %u",
+                  unsigned(report.expected >> 32), unsigned(report.expected & 0xFFFFFFFFu),
+                  unsigned(report.observed >> 32), unsigned(report.observed & 0xFFFFFFFFu));
+  } else {
+    std::snprintf(what, sizeof what, "expected a flag >= %llu, saw %llu",
+                  static_cast<unsigned long long>(report.expected), static_cast<unsigned long long>(report.observed));
+  }
+  char text[400];
   const double ms = static_cast<double>(report.waited_ns) / 1e6;
   const std::string whom = report.peer >= 0 ? "rank " + std::to_string(report.peer) : std::string("its peers");
   std::snprintf(text, sizeof text,
-                "rank %d timed out after %.1f ms in %s (detail %u) waiting for %s: expected a flag >= %llu, saw %llu "
+                "rank %d timed out after %.1f ms in %s (detail %u) waiting for %s: %s "
                 "(is that rank alive and running the same operation?)",
-                report.rank, ms, phase_name(static_cast<WaitPhase>(report.phase)), report.detail, whom.c_str(),
-                static_cast<unsigned long long>(report.expected), static_cast<unsigned long long>(report.observed));
+                report.rank, ms, phase_name(phase), report.detail, whom.c_str(), what);
   return text;
 }
 

@@ -23,6 +23,24 @@ TEST(WaitReport, DescribesWhoWaitedForWhom) {
             "saw 11 (is that rank alive and running the same operation?)");
 }
 
+TEST(WaitReport, DescribesAStampedWordByItsHalves) {
+  WaitReport report{};
+  report.claimed = 1;
+  report.complete = 1;
+  report.rank = 0;
+  report.peer = 1;
+  report.phase = static_cast<uint32_t>(WaitPhase::ht_notify);
+  report.expected = 0;                                     // call 2^32's stamp, any value
+  report.observed = (uint64_t(0xFFFFFFFFu) << 32) | 100u;  // call 2^32 - 1's word
+  report.waited_ns = 5'000'000'000ull;
+  EXPECT_EQ(describe(report),
+            "rank 0 timed out after 5000.0 ms in HT dispatch count exchange (detail 0) waiting for rank 1: expected "
+            "call stamp 0 with a value >= 0, saw call stamp 4294967295 with value 100 (is that rank alive and "
+            "running the same operation?)");
+  EXPECT_TRUE(waits_for_stamp(WaitPhase::ht_combine_ready));
+  EXPECT_FALSE(waits_for_stamp(WaitPhase::ht_dispatch_done));
+}
+
 TEST(WaitReport, AnIncompleteReportSaysSo) {
   WaitReport report{};
   report.claimed = 1;

@@ -23,6 +23,11 @@ void async_round(const std::vector<Expected>& expected, Team& team, cudaStream_t
   const int rank = team.rank();
   const Expected& x = expected[0];
   RankInputs in = upload_inputs(kCase, x.tokens[rank]);
+  const int64_t N = x.dispatch.recv[rank].num_recv_tokens;
+  // Every array before the buffer (single_gpu_ranks.hpp: no cudaMalloc or cudaFree between a team's calls).
+  auto y = upload(x.y[rank].y.data);
+  auto yw = upload(x.y[rank].topk_weights.data);
+  auto bias = upload(x.bias[rank].data);
   HtBuffer buffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, kCase.E});
   cudaEvent_t before;
   ASSERT_EQ(cudaEventCreateWithFlags(&before, cudaEventDisableTiming), cudaSuccess);
@@ -31,12 +36,8 @@ void async_round(const std::vector<Expected>& expected, Team& team, cudaStream_t
   ASSERT_NE(d.finished, nullptr);
   ASSERT_EQ(cudaStreamWaitEvent(stream, d.finished, 0), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  check_dispatch(kCase, rank, d, x.dispatch.recv[rank], x.dispatch.recv[rank].num_recv_tokens);
+  check_dispatch(kCase, rank, d, x.dispatch.recv[rank], N);
 
-  const int64_t N = x.dispatch.recv[rank].num_recv_tokens;
-  auto y = upload(x.y[rank].y.data);
-  auto yw = upload(x.y[rank].topk_weights.data);
-  auto bias = upload(x.bias[rank].data);
   const HtCombineResult c =
       buffer.combine(HtCombineArgs{TensorRef::matrix(y->data, ScalarType::bf16, N, kCase.H),
                                    TensorRef::matrix(yw->data, ScalarType::float32, N, kCase.K),

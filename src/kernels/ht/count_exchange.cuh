@@ -6,11 +6,11 @@
 // Protocol (`seq` is this rank's dispatch number, sequence[kDispatchDone] + 1, which the dispatch
 // kernel's last CTA stores back at its end, so that graph replays advance it). Every count travels as
 // a stamped word (core::stamped: the low 32 bits of seq above the value, one 8-byte store), so the words need no flag
-// and no fence: a reader that sees this call's number in a word has its value.
+// and no fence: a reader that sees seq's stamp (its low 32 bits) in a word has its value.
 //   1. CTA 0 (announce_counts), to every rank d: my tokens per rank and my status into d's
 //      notify_counts[me][*], my tokens per expert of d into d's notify_expert_counts[me][*].
 //      Cached form: only the status word ("I am in this dispatch").
-//   2. Every CTA (wait_for_counts): its threads wait until every word it reads carries seq: the
+//   2. Every CTA (wait_for_counts): its threads wait until every word it reads carries seq's stamp: the
 //      count matrix (cached: each source's status word), and in CTA 0 the expert counts; __syncthreads.
 // d's step-1 words also tell every source, which sees them in its step 2, that d's stream has finished
 // with the previous dispatch's outputs (d announces from the dispatch kernel, which starts after its

@@ -48,8 +48,8 @@ constexpr int32_t kStatusTeamFailed = -1;
 // Tokens each CTA of the layout kernel covers (a tile: its partial expert counts are one row). Its
 // latency is mostly the CTA's own chain (ids, counts, scans); more, smaller tiles shorten it until the
 // wait for the earlier tiles and the last tile's sum over all partial rows grow. Measured at T = 4096
-// (nvidia-h200-x2, 2026-11-22, bench/results/*-7725d9c-layout-tiles.log): layout 13.4 us with 1024, 10.0 with
-// 256, 11.7 with 128.
+// (nvidia-h200-x2, 2026-11-22, bench/results/*-7725d9c-layout-tiles.log): layout 13.5 us with 1024, 10.0 with
+// 256, 11.7 with 128 (untraced builds).
 constexpr int kLayoutTokensPerCta = 256;
 // The layout tiles of `tokens` tokens (the last one may be partial).
 __host__ __device__ constexpr int layout_tiles(int64_t tokens) {

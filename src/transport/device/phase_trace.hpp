@@ -2,12 +2,16 @@
 // stamp %globaltimer at the numbered points below into their team's trace words (TeamView::trace): a
 // point keeps the earliest stamp of the threads that reach it when it is a start, else the latest.
 // The host resets the words before a call and reads them after it (Team::Impl::reset_trace and
-// read_trace). Without the option there are no words and a stamp compiles to nothing.
+// read_trace). Without the option there are no words and a stamp compiles to nothing. %globaltimer
+// advances in steps of about 0.26 us on H200 (the committed traces): closer points do not separate.
 #pragma once
 
 #include <cstdint>
 
 #include "transport/device/team_view.hpp"
+#ifdef __CUDACC__
+#include "transport/device/flags.cuh"
+#endif
 
 namespace epx::transport {
 
@@ -31,11 +35,12 @@ enum class TracePoint : int {
   count
 };
 inline constexpr int kTracePoints = int(TracePoint::count);
-inline constexpr const char* kTracePointNames[kTracePoints] = {
+inline constexpr const char* kTracePointNames[] = {
     "layout_start",         "layout_ticket",        "layout_counted",     "layout_published",
     "layout_bases",         "layout_end",           "dispatch_start",     "dispatch_layout_done",
     "dispatch_counts_cta0", "dispatch_reported",    "dispatch_counts",    "dispatch_first_stores",
     "dispatch_last_stores", "dispatch_stores_done", "dispatch_signalled", "dispatch_end"};
+static_assert(sizeof(kTracePointNames) / sizeof(kTracePointNames[0]) == kTracePoints, "a name for every point");
 inline constexpr bool trace_keeps_earliest(TracePoint p) {
   return p == TracePoint::ht_layout_start || p == TracePoint::ht_dispatch_start;
 }
@@ -44,8 +49,7 @@ inline constexpr bool trace_keeps_earliest(TracePoint p) {
 // Called by one thread per stamp (a CTA's thread 0, or a warp's lane 0).
 __device__ __forceinline__ void trace(const TeamView& team, TracePoint p) {
 #ifdef EPX_PHASE_TRACE
-  uint64_t now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  const uint64_t now = global_timer_ns();
   auto* word = reinterpret_cast<unsigned long long*>(team.trace) + int(p);
   if (trace_keeps_earliest(p)) {
     atomicMin(word, now);

@@ -24,9 +24,10 @@ enum class WaitPhase : uint32_t {
   barrier,           // team barrier: waiting for a peer's arrival
   test_signal,       // transport test: waiting for a peer's put-with-signal
   ht_layout,         // HT layout: waiting for an earlier tile's token counts (detail: the tile)
-  ht_notify,         // HT dispatch: waiting for a source's counts
+  ht_notify,         // HT dispatch: waiting for a source's counts (a stamped word, see below)
   ht_dispatch_done,  // HT dispatch: waiting for a source's rows
-  ht_combine_ready,  // HT combine: waiting for an expert side's combine input to hold a row (detail: the row)
+  ht_combine_ready,  // HT combine: waiting for an expert side's combine input to hold a row (detail: the row;
+                     // a stamped word)
   ht_combine_done,   // HT combine: waiting for an expert side's rows
   ht_bulk_load,      // HT dispatch and combine: waiting for the copy engine to load a row (detail: token)
   ll_dispatch_recv,  // LL dispatch: waiting for a source's tokens (detail: buffer set)
@@ -46,11 +47,14 @@ enum class WaitPhase : uint32_t {
 struct WaitReport {
   uint32_t claimed;
   uint32_t complete;
-  int32_t rank;       // the rank that waited
-  int32_t peer;       // the rank it waited for (-1: not a single peer)
-  uint32_t phase;     // a WaitPhase
-  uint32_t detail;    // phase-specific: a slot, a channel, an iteration
-  uint64_t expected;  // the value it waited for (at least)
+  int32_t rank;     // the rank that waited
+  int32_t peer;     // the rank it waited for (-1: not a single peer)
+  uint32_t phase;   // a WaitPhase
+  uint32_t detail;  // phase-specific: a slot, a channel, an iteration
+  // The value it waited for: a counter at least `expected`; in the phases that wait for a stamped word
+  // (core::stamped: a call's stamp in the high half, a value in the low half; wait_report.cpp's
+  // waits_for_stamp), the same stamp and at least that value.
+  uint64_t expected;
   uint64_t observed;  // the last value it saw
   uint64_t waited_ns;
 };

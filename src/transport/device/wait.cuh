@@ -1,5 +1,6 @@
-// The one bounded wait of the library. Every device-side spin goes through wait_until (wait_at_least,
-// its usual form, waits for a counter).
+// The bounded wait of the library: every device-side spin on a flag or word goes through wait_until
+// (wait_at_least, its usual form, waits for a counter); mbarrier_wait (bulk_copy.cuh), the wait for
+// the copy engine, bounds its own spin the same way.
 #pragma once
 
 #include <cstdint>
