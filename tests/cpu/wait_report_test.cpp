@@ -7,33 +7,31 @@
 namespace epx::transport {
 namespace {
 
-TEST(WaitReport, DescribesWhoWaitedForWhom) {
+// A complete report of a wait of 5 s by `rank` for `peer`.
+WaitReport complete_report(int rank, int peer, WaitPhase phase, uint32_t detail, uint64_t expected, uint64_t observed) {
   WaitReport report{};
   report.claimed = 1;
   report.complete = 1;
-  report.rank = 2;
-  report.peer = 7;
-  report.phase = static_cast<uint32_t>(WaitPhase::barrier);
-  report.detail = 3;
-  report.expected = 12;
-  report.observed = 11;
+  report.rank = rank;
+  report.peer = peer;
+  report.phase = static_cast<uint32_t>(phase);
+  report.detail = detail;
+  report.expected = expected;
+  report.observed = observed;
   report.waited_ns = 5'000'000'000ull;
-  EXPECT_EQ(describe(report),
+  return report;
+}
+
+TEST(WaitReport, DescribesWhoWaitedForWhom) {
+  EXPECT_EQ(describe(complete_report(2, 7, WaitPhase::barrier, 3, 12, 11)),
             "rank 2 timed out after 5000.0 ms in team barrier (detail 3) waiting for rank 7: expected a flag >= 12, "
             "saw 11 (is that rank alive and running the same operation?)");
 }
 
 TEST(WaitReport, DescribesAStampedWordByItsHalves) {
-  WaitReport report{};
-  report.claimed = 1;
-  report.complete = 1;
-  report.rank = 0;
-  report.peer = 1;
-  report.phase = static_cast<uint32_t>(WaitPhase::ht_notify);
-  report.expected = 0;                                     // call 2^32's stamp, any value
-  report.observed = (uint64_t(0xFFFFFFFFu) << 32) | 100u;  // call 2^32 - 1's word
-  report.waited_ns = 5'000'000'000ull;
-  EXPECT_EQ(describe(report),
+  // Waiting for call 2^32's stamp (0), any value, and seeing call 2^32 - 1's word.
+  const uint64_t previous_call_word = (uint64_t(0xFFFFFFFFu) << 32) | 100u;
+  EXPECT_EQ(describe(complete_report(0, 1, WaitPhase::ht_notify, 0, 0, previous_call_word)),
             "rank 0 timed out after 5000.0 ms in HT dispatch count exchange (detail 0) waiting for rank 1: expected "
             "call stamp 0 with a value >= 0, saw call stamp 4294967295 with value 100 (is that rank alive and "
             "running the same operation?)");
