@@ -9,7 +9,6 @@
 
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "core/ht_areas.hpp"
@@ -23,14 +22,14 @@ namespace epx::test {
 namespace {
 
 // A rank's combine inputs on the device: y and the weights with rows `y_stride` and `w_stride` apart,
-// and the bias; `args` combines them through `handle`.
+// and the bias; `args` combines them once its handle is set (the dispatch's, made after these arrays).
 struct CombineInputs {
   std::unique_ptr<DeviceArray> y, weights, bias;
   HtCombineArgs args;
 };
 
-CombineInputs upload_combine_inputs(const HtCase& c, const Expected& x, int rank, int64_t N,
-                                    std::shared_ptr<const HtHandle> handle, int64_t y_stride, int64_t w_stride) {
+CombineInputs upload_combine_inputs(const HtCase& c, const Expected& x, int rank, int64_t N, int64_t y_stride,
+                                    int64_t w_stride) {
   CombineInputs in;
   in.y = upload(with_row_stride(x.y[rank].y.data, c.H, y_stride));
   in.weights = upload(with_row_stride(x.y[rank].topk_weights.data, c.K, w_stride));
@@ -38,7 +37,6 @@ CombineInputs upload_combine_inputs(const HtCase& c, const Expected& x, int rank
   in.args.y = TensorRef{in.y->data, ScalarType::bf16, N, c.H, y_stride, 1};
   in.args.topk_weights = TensorRef{in.weights->data, ScalarType::float32, N, c.K, w_stride, 1};
   in.args.bias = TensorRef::matrix(in.bias->data, ScalarType::bf16, c.T, c.H);
-  in.args.handle = std::move(handle);
   return in;
 }
 
@@ -54,7 +52,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   // read nor the kernel's reads of this rank's own rows in place can assume dense rows. Made before the
   // buffer, as every array (single_gpu_ranks.hpp: no cudaMalloc or cudaFree between a team's calls).
   const int64_t y_stride = c.H + 64, w_stride = c.K + 3;
-  const CombineInputs strided = upload_combine_inputs(c, x, rank, N, nullptr, y_stride, w_stride);
+  const CombineInputs strided = upload_combine_inputs(c, x, rank, N, y_stride, w_stride);
 
   HtBuffer buffer(team, HtBufferOptions{std::max(c.T, 1), c.H, c.K, x.E});
   const HtStreams on{stream};
@@ -178,8 +176,7 @@ void cross_two_to_the_32(const HtCase& c, const std::vector<Expected>& rounds, T
   RankInputs inputs = allocate_inputs(c.T, c.H, c.K);
   std::vector<CombineInputs> combine_inputs;
   for (const Expected& x : rounds) {
-    combine_inputs.push_back(
-        upload_combine_inputs(c, x, rank, x.dispatch.recv[rank].num_recv_tokens, nullptr, c.H, c.K));
+    combine_inputs.push_back(upload_combine_inputs(c, x, rank, x.dispatch.recv[rank].num_recv_tokens, c.H, c.K));
   }
   const HtBufferOptions options{std::max(c.T, 1), c.H, c.K, rounds[0].E};
   HtBuffer buffer(team, options);

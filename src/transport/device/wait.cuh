@@ -47,15 +47,12 @@ __device__ inline bool team_failed(const TeamView& team) {
 // nonzero (another wait masked the peer, or the host did), and on expiry it sets *give_up = 1 instead
 // of failing the team; the caller goes on without that peer.
 //
-// `timeout_multiple` stretches the bound for a wait that should outlast other waits of the same kernel
-// (so that the wait for a peer, not the one behind it, is the one reported).
-//
 // The spin polls with relaxed loads, which are cheaper than acquire loads; once the value is there, one
 // acquire load of the same flag orders what follows (the writers only move a flag on to values that
 // still satisfy the waiter, so the acquire load sees one too).
 template <typename Reached>
 __device__ bool wait_until(const TeamView& team, const uint64_t* flag, Reached reached, uint64_t expected,
-                           const WaitSite& site, uint32_t* give_up = nullptr, uint32_t timeout_multiple = 1) {
+                           const WaitSite& site, uint32_t* give_up = nullptr) {
   if (reached(load_acquire_sys(flag))) return true;
   // The clock and the failure word are read only every 1024 spins (they are slower than the flag); the clock
   // starts at the first such read, so the bound is the timeout plus at most 1024 spins.
@@ -68,7 +65,7 @@ __device__ bool wait_until(const TeamView& team, const uint64_t* flag, Reached r
     if ((spin & 1023u) == 0u) {
       const uint64_t now = global_timer_ns();
       if (start == 0) start = now;
-      if (now - start > team.timeout_ns * timeout_multiple) {
+      if (now - start > team.timeout_ns) {
         if (give_up != nullptr) {
           atomicExch(give_up, 1u);
         } else {
@@ -84,9 +81,9 @@ __device__ bool wait_until(const TeamView& team, const uint64_t* flag, Reached r
 
 // Spins until *flag >= expected: a counter that only grows (see wait_until).
 __device__ inline bool wait_at_least(const TeamView& team, const uint64_t* flag, uint64_t expected,
-                                     const WaitSite& site, uint32_t* give_up = nullptr, uint32_t timeout_multiple = 1) {
+                                     const WaitSite& site, uint32_t* give_up = nullptr) {
   return wait_until(
-      team, flag, [expected](uint64_t v) { return v >= expected; }, expected, site, give_up, timeout_multiple);
+      team, flag, [expected](uint64_t v) { return v >= expected; }, expected, site, give_up);
 }
 
 }  // namespace epx::transport
