@@ -72,19 +72,39 @@ struct TokenRows {
   int32_t row[kMaxRanks];
 };
 
-// The whole warp fills `out` for token t and returns how many ranks hold a row of it.
-__device__ int gather_rows(const CombineArgs& a, int R, int64_t t, TokenRows& out) {
+constexpr int kRanksPerLane = (kMaxRanks + kWarp - 1) / kWarp;
+
+// What one lane holds of a token's send positions (ranks lane, lane + 32, ...; -1: none), or of the
+// send_begin of those ranks: loaded ahead of their use, so their latency hides behind pieces.
+struct PerRank {
+  int32_t v[kRanksPerLane];
+};
+__device__ PerRank load_per_rank(const int32_t* values, int R) {
+  PerRank p;
+#pragma unroll
+  for (int q = 0; q < kRanksPerLane; ++q) {
+    const int r = q * kWarp + int(threadIdx.x % kWarp);
+    p.v[q] = r < R ? values[r] : -1;
+  }
+  return p;
+}
+__device__ PerRank load_positions(const CombineArgs& a, int R, int64_t t) {
+  return load_per_rank(a.handle.send_pos + t * R, R);
+}
+
+// The whole warp fills `out` from a token's positions (`begin`: send_begin) and returns how many ranks
+// hold a row of it.
+__device__ int gather_rows(const PerRank& pos, const PerRank& begin, TokenRows& out) {
   const int lane = threadIdx.x % kWarp;
   __syncwarp();  // every lane has finished with the previous contents
   int n = 0;
-  for (int base = 0; base < R; base += kWarp) {
-    const int r = base + lane;
-    const int32_t pos = r < R ? a.handle.send_pos[t * R + r] : -1;
-    const uint32_t present = __ballot_sync(0xffffffffu, pos >= 0);
-    if (pos >= 0) {
+#pragma unroll
+  for (int q = 0; q < kRanksPerLane; ++q) {
+    const uint32_t present = __ballot_sync(0xffffffffu, pos.v[q] >= 0);
+    if (pos.v[q] >= 0) {
       const int at = n + __popc(present & ((1u << lane) - 1u));
-      out.rank[at] = r;
-      out.row[at] = a.handle.send_begin[r] + pos;
+      out.rank[at] = q * kWarp + lane;
+      out.row[at] = begin.v[q] + pos.v[q];
     }
     n += __popc(present);
   }
@@ -136,13 +156,19 @@ struct PieceLoader {
   uint32_t* ready_until;  // [R]: rank r's combine input holds my block's rows below ready_until[r]
   int R, row_bytes, chunks;
   uint64_t seq;
+  PerRank begin;          // send_begin
+  PerRank next_pos = {};  // the positions of token i, loaded while the token before it loads
   int i = 0, n = 0, chunk = 0, index = 0;
   uint32_t started = 0;  // pieces started so far (piece k goes to slot k % kSlots)
 
-  // Moves to the first token from i on that some rank holds a row of (i == count: none left).
+  // Moves to the first token from i on that some rank holds a row of (i == count: none left), and
+  // starts loading the positions of the token after it (dependent loads there stalled the warp's
+  // whole pipeline once a token).
   __device__ void find_token() {
     for (; i < tokens.count; ++i) {
-      n = gather_rows(a, R, tokens.token(i), rows);
+      const PerRank pos = next_pos;
+      if (i + 1 < tokens.count) next_pos = load_positions(a, R, tokens.token(i + 1));
+      n = gather_rows(pos, begin, rows);
       if (n > 0) return;
     }
   }
@@ -230,6 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   const int row_bytes = 2 * a.hidden;
   const int chunks = (row_bytes + kPieceBytes - 1) / kPieceBytes;
   const WarpTokens tokens(a.num_tokens, warp);
+  const PerRank begin = load_per_rank(a.handle.send_begin, R);
   PieceLoader loader{a,
                      tokens,
                      loading_of[warp],
@@ -239,7 +266,9 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
                      R,
                      row_bytes,
                      chunks,
-                     seq};
+                     seq,
+                     begin};
+  if (tokens.count > 0) loader.next_pos = load_positions(a, R, tokens.token(0));
   TokenRows& rows = adding_of[warp];
   bool ok = true;
   loader.find_token();
@@ -247,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   uint32_t added = 0;  // pieces added so far
   for (int i = 0; ok && i < tokens.count; ++i) {
     const int64_t t = tokens.token(i);
-    const int n = gather_rows(a, R, t, rows);
+    const int n = gather_rows(load_positions(a, R, t), begin, rows);  // the loader read them: in L1
     for (int chunk = 0; ok && chunk < chunks; ++chunk) {
       const int vectors = min(kPieceBytes, row_bytes - chunk * kPieceBytes) / 16;
       float acc[kVectorsPerLane][8] = {};
