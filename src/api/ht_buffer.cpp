@@ -24,7 +24,7 @@ namespace kh = kernels::ht;
 // budget of 16 SMs:
 // - EP=2 (nvidia-h200-x2-2026-11-22-9a69a22.json): dispatch BF16 is fastest at 16 (354, 252, 203, 241,
 //   221, 207 us); the zero-copy combine gains up to 20 SMs (217 us at 16, 194 at 20, 191 at 32).
-// - EP=4 (nvidia-h200-x4.json, 9a69a22): the combine is fastest at 16 and slower with more; dispatch is
+// - EP=4 (nvidia-h200-x4-2026-11-22-9a69a22.json): the combine is fastest at 16 and slower with more; dispatch is
 //   8-9% faster at 32.
 // - EP=8 (nvidia-h200-x8.json, 92475b3): dispatch BF16 is fastest at 8 (875, 1001, 946, 947, 926, 888 us)
 //   and FP8 nearly so (518 at 8, 510 at 32, 540 at 16); the combine is 3% slower at 8 than at 16 (1060
