@@ -58,18 +58,18 @@
 namespace epx::kernels::ht {
 namespace {
 
-constexpr int kWarpsPerCta = 16;
+constexpr int kWarpsPerCta = 20;
 constexpr int kThreads = kWarpsPerCta * kWarp;
 constexpr int kPieceBytes = 2048;                                 // a piece: this much of one rank's row
 constexpr int kVectorsPerLane = kPieceBytes / 16 / kWarp;         // 16-byte vectors a lane adds per piece
-constexpr int kSlots = 6;                                         // piece buffers per warp
-constexpr int kStageBytes = kWarpsPerCta * kSlots * kPieceBytes;  // 192 KiB of dynamic shared memory
+constexpr int kSlots = 5;                                         // piece buffers per warp
+constexpr int kStageBytes = kWarpsPerCta * kSlots * kPieceBytes;  // 200 KiB of dynamic shared memory
 constexpr int kMaxRanks = kMaxNvlinkRanks;
 
 // The ranks holding a row of one token, ascending, and those rows.
 struct TokenRows {
-  int32_t rank[kMaxRanks];
   int32_t row[kMaxRanks];
+  uint8_t rank[kMaxRanks];
 };
 
 constexpr int kRanksPerLane = (kMaxRanks + kWarp - 1) / kWarp;
@@ -103,7 +103,7 @@ __device__ int gather_rows(const PerRank& pos, const PerRank& begin, TokenRows& 
     const uint32_t present = __ballot_sync(0xffffffffu, pos.v[q] >= 0);
     if (pos.v[q] >= 0) {
       const int at = n + __popc(present & ((1u << lane) - 1u));
-      out.rank[at] = q * kWarp + lane;
+      out.rank[at] = uint8_t(q * kWarp + lane);
       out.row[at] = begin.v[q] + pos.v[q];
     }
     n += __popc(present);
