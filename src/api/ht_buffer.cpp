@@ -23,7 +23,8 @@ namespace kh = kernels::ht;
 // From the num_sms sweeps (8, 12, 16, 20, 24, 32 SMs; "ht_tuning" in bench/results/), within the issue's
 // budget of 16 SMs:
 // - EP=2 (nvidia-h200-x2-2026-11-22-9a69a22.json): dispatch BF16 is fastest at 16 (354, 252, 203, 241,
-//   221, 207 us); the zero-copy combine gains up to 20 SMs (217 us at 16, 194 at 20, 191 at 32).
+//   221, 207 us); the zero-copy combine (16 warps per CTA then) gains up to 20 SMs (217 us at 16, 194 at 20,
+//   191 at 32). The 20-warp combine of a7d348c is not swept yet.
 // - EP=4 (nvidia-h200-x4-2026-11-22-9a69a22.json): the combine is fastest at 16 and slower with more; dispatch is
 //   8-9% faster at 32.
 // - EP=8 (nvidia-h200-x8.json, 92475b3): dispatch BF16 is fastest at 8 (875, 1001, 946, 947, 926, 888 us)
