@@ -145,6 +145,12 @@ std::vector<int32_t> compare_with_reference(const HtBenchOptions& o, int num_ran
   return layout.num_tokens_per_rank;
 }
 
+std::size_t l2_bytes(int device) {
+  int bytes = 0;
+  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute(L2 size)");
+  return std::size_t(bytes);
+}
+
 class HtBench {
  public:
   HtBench(Team& team, const HtBenchOptions& o)
@@ -154,7 +160,9 @@ class HtBench {
         me_(team.rank()),
         stream_(new_stream()),
         buffer_(team, HtBufferOptions{o.tokens, o.hidden, o.topk, o.experts}, config_for(o, team.size())),
-        check_(team.rank(), "HT") {}
+        check_(team.rank(), "HT"),
+        l2_flush_bytes_(2 * l2_bytes(team.device())),
+        l2_flush_(device_alloc(l2_flush_bytes_)) {}
 
   // Runs every op once on this rank's inputs, then compares the outputs with the global CPU reference.
   // The GPU work comes first, with no heavy CPU work in between, so that the ranks reach each collective
@@ -281,12 +289,6 @@ class HtBench {
   // Untimed before every timed or traced call: evict L2 (inputs come from HBM, as DESIGN §3 asks),
   // then a barrier so that every rank's call starts together.
   void before_call(cudaStream_t s) {
-    if (!l2_flush_) {
-      int l2_bytes = 0;
-      check_cuda(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, team_.device()), "cudaDeviceGetAttribute");
-      l2_flush_bytes_ = 2 * std::size_t(l2_bytes);
-      l2_flush_ = device_alloc(l2_flush_bytes_);
-    }
     check_cuda(cudaMemsetAsync(l2_flush_.get(), 0, l2_flush_bytes_, s), "cudaMemsetAsync(L2 flush)");
     enqueue_team_barrier(team_, s);
   }
@@ -413,9 +415,9 @@ class HtBench {
   Stream stream_;
   HtBuffer buffer_;
   Checker check_;
+  std::size_t l2_flush_bytes_;  // before_call's flush: twice the L2
+  DeviceMemory l2_flush_;
   DeviceMemory topk_idx_, weights_, x_bf16_, x_fp8_, scales_, y_;
-  DeviceMemory l2_flush_;  // before_call's, twice the L2
-  std::size_t l2_flush_bytes_ = 0;
   DeviceMemory rank_counts_, expert_counts_, in_rank_;
   HtLayout layout_out_;
   std::vector<int32_t> rows_to_rank_;       // this rank's tokens per destination rank (reference layout)
