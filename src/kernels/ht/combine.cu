@@ -161,6 +161,12 @@ struct PieceLoader {
   int i = 0, n = 0, chunk = 0, index = 0;
   uint32_t started = 0;  // pieces started so far (piece k goes to slot k % kSlots)
 
+  // Loads the first token's positions and moves to the first token some rank holds a row of.
+  __device__ void start() {
+    if (tokens.count > 0) next_pos = load_positions(a, R, tokens.token(0));
+    find_token();
+  }
+
   // Moves to the first token from i on that some rank holds a row of (i == count: none left), and
   // starts loading the positions of the token after it (dependent loads there stalled the warp's
   // whole pipeline once a token).
@@ -181,12 +187,12 @@ struct PieceLoader {
     constexpr int K = core::kCombineCopyCtas;
     const BufferView& b = a.buffer;
     const int lane = threadIdx.x % kWarp, me = b.team.rank;
-    const int64_t begin = a.handle.send_begin[r];  // my block's first row on r
-    const int64_t g = (row - begin) / core::kCombineCopyRows;
+    const int64_t block_begin = a.handle.send_begin[r];  // my block's first row on r
+    const int64_t g = (row - block_begin) / core::kCombineCopyRows;
     bool ok = true;
     if (lane == 0) {
       ok = wait_for_stamp(b.team, b.combine_progress_of(me, r, int(g % K)), seq, uint32_t(g / K + 1),
-                          transport::WaitSite{transport::WaitPhase::ht_combine_ready, r, uint32_t(row - begin)});
+                          transport::WaitSite{transport::WaitPhase::ht_combine_ready, r, uint32_t(row - block_begin)});
     }
     if (!__shfl_sync(~0u, ok, 0)) return false;
     // Lane l reads copy CTA l's word (no later call's value can be there: see the protocol). Groups
@@ -197,7 +203,7 @@ struct PieceLoader {
     for (int offset = kWarp / 2; offset > 0; offset /= 2) groups = min(groups, __shfl_xor_sync(~0u, groups, offset));
     __syncwarp();  // every lane's acquire, before lane 0's bulk loads
     if (lane == 0) {
-      ready_until[r] = uint32_t(min(begin + groups * core::kCombineCopyRows, int64_t(UINT32_MAX)));
+      ready_until[r] = uint32_t(min(block_begin + groups * core::kCombineCopyRows, int64_t(UINT32_MAX)));
       fence_async_global();  // the acquires, before the bulk loads of those rows
     }
     __syncwarp();
@@ -268,10 +274,9 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
                      chunks,
                      seq,
                      begin};
-  if (tokens.count > 0) loader.next_pos = load_positions(a, R, tokens.token(0));
   TokenRows& rows = adding_of[warp];
   bool ok = true;
-  loader.find_token();
+  loader.start();
   for (int k = 0; ok && k < kSlots - 1; ++k) ok = loader.start_next();
   uint32_t added = 0;  // pieces added so far
   for (int i = 0; ok && i < tokens.count; ++i) {
