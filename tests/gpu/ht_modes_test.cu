@@ -25,9 +25,7 @@ void async_round(const std::vector<Expected>& expected, Team& team, cudaStream_t
   RankInputs in = upload_inputs(kCase, x.tokens[rank]);
   const int64_t N = x.dispatch.recv[rank].num_recv_tokens;
   // Every array before the buffer (single_gpu_ranks.hpp: no cudaMalloc or cudaFree between a team's calls).
-  auto y = upload(x.y[rank].y.data);
-  auto yw = upload(x.y[rank].topk_weights.data);
-  auto bias = upload(x.bias[rank].data);
+  CombineInputs combine = upload_combine_inputs(kCase, x, rank, N, kCase.H, kCase.K);
   HtBuffer buffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, kCase.E});
   cudaEvent_t before;
   ASSERT_EQ(cudaEventCreateWithFlags(&before, cudaEventDisableTiming), cudaSuccess);
@@ -38,11 +36,8 @@ void async_round(const std::vector<Expected>& expected, Team& team, cudaStream_t
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   check_dispatch(kCase, rank, d, x.dispatch.recv[rank], N);
 
-  const HtCombineResult c =
-      buffer.combine(HtCombineArgs{TensorRef::matrix(y->data, ScalarType::bf16, N, kCase.H),
-                                   TensorRef::matrix(yw->data, ScalarType::float32, N, kCase.K),
-                                   TensorRef::matrix(bias->data, ScalarType::bf16, kCase.T, kCase.H), d.handle},
-                     HtStreams{stream, true, nullptr});
+  combine.args.handle = d.handle;
+  const HtCombineResult c = buffer.combine(combine.args, HtStreams{stream, true, nullptr});
   ASSERT_NE(c.finished, nullptr);
   ASSERT_EQ(cudaStreamWaitEvent(stream, c.finished, 0), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);

@@ -21,25 +21,6 @@
 namespace epx::test {
 namespace {
 
-// A rank's combine inputs on the device: y and the weights with rows `y_stride` and `w_stride` apart,
-// and the bias; `args` combines them once its handle is set (the dispatch's, made after these arrays).
-struct CombineInputs {
-  std::unique_ptr<DeviceArray> y, weights, bias;
-  HtCombineArgs args;
-};
-
-CombineInputs upload_combine_inputs(const HtCase& c, const Expected& x, int rank, int64_t N, int64_t y_stride,
-                                    int64_t w_stride) {
-  CombineInputs in;
-  in.y = upload(with_row_stride(x.y[rank].y.data, c.H, y_stride));
-  in.weights = upload(with_row_stride(x.y[rank].topk_weights.data, c.K, w_stride));
-  in.bias = upload(x.bias[rank].data);
-  in.args.y = TensorRef{in.y->data, ScalarType::bf16, N, c.H, y_stride, 1};
-  in.args.topk_weights = TensorRef{in.weights->data, ScalarType::float32, N, c.K, w_stride, 1};
-  in.args.bias = TensorRef::matrix(in.bias->data, ScalarType::bf16, c.T, c.H);
-  return in;
-}
-
 void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t stream) {
   const int rank = team.rank();
   const ref::HtTokens& in = x.tokens[rank];
