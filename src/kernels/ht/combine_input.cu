@@ -25,7 +25,7 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarp;
 static_assert(kWarps == core::kCombineCopyRows, "a row of a group per warp");
-constexpr int kUnroll = 4;  // 16-byte vectors each lane loads before it stores
+constexpr int kUnroll = 14;  // 16-byte vectors each lane loads before it stores (a 7168-wide row in two rounds)
 
 // The whole warp copies row `row` of y (copy_y) and of the weights (copy_weights) into the combine input.
 __device__ void copy_row(const CombineArgs& a, int64_t row, bool copy_y, bool copy_weights) {
