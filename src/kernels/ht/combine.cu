@@ -122,11 +122,12 @@ __device__ void accumulate(float (&acc)[8], const int4& v) {
   }
 }
 
-// A warp's tokens are first, first + stride, ... (count of them).
+// A warp's tokens are first, first + stride, ... (count of them). Consecutive tokens go to consecutive
+// CTAs, so a last round of fewer tokens than warps is spread over every SM.
 struct WarpTokens {
   int first, stride, count;
   __device__ WarpTokens(int num_tokens, int warp)
-      : first(blockIdx.x * kWarpsPerCta + warp),
+      : first(warp * gridDim.x + blockIdx.x),
         stride(gridDim.x * kWarpsPerCta),
         count(first < num_tokens ? (num_tokens - first + stride - 1) / stride : 0) {}
   __device__ int64_t token(int i) const { return first + int64_t(i) * stride; }
