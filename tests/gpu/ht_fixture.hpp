@@ -27,6 +27,7 @@ struct HtCase {
   bool column_major_scales;
   int alignment;
   std::string name;
+  int num_sms = 0;  // HtConfig::num_sms; 0: the default (a single-GPU team of many ranks needs fewer)
 };
 
 inline void PrintTo(const HtCase& c, std::ostream* os) { *os << c.name; }

@@ -35,7 +35,8 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   const int64_t y_stride = c.H + 64, w_stride = c.K + 3;
   const CombineInputs strided = upload_combine_inputs(c, x, rank, N, y_stride, w_stride);
 
-  HtBuffer buffer(team, HtBufferOptions{std::max(c.T, 1), c.H, c.K, x.E});
+  HtBuffer buffer(team, HtBufferOptions{std::max(c.T, 1), c.H, c.K, x.E},
+                  c.num_sms > 0 ? HtConfig{c.num_sms} : HtConfig{});
   const HtStreams on{stream};
 
   // 1. Exact form.
@@ -126,6 +127,10 @@ std::vector<HtCase> cases() {
     v.push_back({R, 200, 2048, 8, 8 * R, Rt::one_hot, 0.0, false, false, false, 1, n + "OneHotExpert"});
   }
   v.push_back({8, 64, 2048, 8, 8, Rt::uniform, 0.0, false, false, false, 1, "SingleGpu8_EveryTokenToEveryRank"});
+  // More than 32 ranks: the kernels keep a lane's ranks lane, lane + 32, ... (tokens reach rank 32 too).
+  // Every rank's kernels must be resident at once: 33 ranks of 3 SMs each passed on an H200, 40 did
+  // not (every rank's count wait expired).
+  v.push_back({33, 64, 2048, 8, 66, Rt::uniform, 0.1, false, false, false, 1, "SingleGpu33_Uniform", 3});
   // A row of 2304 bytes: the combine pulls rows in pieces of 2 KiB, so its last piece is partial.
   v.push_back({2, 100, 1152, 8, 64, Rt::uniform, 0.1, true, false, false, 1, "SingleGpu2_Hidden1152_Fp8"});
   // Send positions that carry over between the layout kernel's tiles (of 256 tokens); more than 8 slots.
