@@ -152,15 +152,17 @@ def matrix_view(ref: _abi.Tensor, device: int, owner):
 
 
 def event_of(previous_event):
-    """A torch.cuda.Event from what callers pass as previous_event: an Event, an EventOverlap, or None."""
-    if previous_event is None:
-        return None
-    event = getattr(previous_event, "event", previous_event)
+    """A torch.cuda.Event from what callers pass as previous_event: an Event, an EventHandle, an
+    EventOverlap of either, or None."""
+    event = previous_event
+    for _ in range(2):  # EventOverlap -> EventHandle -> torch.cuda.Event
+        event = getattr(event, "event", event)
     if event is None:
         return None
     if not isinstance(event, torch().cuda.Event):
         raise TypeError(
-            f"epx: previous_event must be a torch.cuda.Event or an EventOverlap, got {type(event).__name__}"
+            "epx: previous_event must be a torch.cuda.Event, an EventHandle or an EventOverlap, "
+            f"got {type(event).__name__}"
         )
     return event
 

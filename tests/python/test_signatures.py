@@ -154,6 +154,15 @@ def test_event_overlap_signature():
         overlap.current_stream_wait()
 
 
+def test_event_handle_signature():
+    # Megatron-LM imports both from deep_ep.utils and passes EventOverlap(EventHandle()) as previous_event.
+    from epx.deep_ep.utils import EventHandle, EventOverlap
+
+    assert EventOverlap is deep_ep.EventOverlap
+    assert parameters(EventHandle.__init__, True) == []
+    assert parameters(EventHandle.current_stream_wait, True) == []
+
+
 def test_set_num_sms(monkeypatch):
     monkeypatch.setattr(deep_ep.Buffer, "num_sms", 20)
     deep_ep.Buffer.set_num_sms(24)

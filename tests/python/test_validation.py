@@ -139,6 +139,22 @@ def test_previous_event_types(torch):
         glue.event_of(deep_ep.EventOverlap("not an event"))
 
 
+def test_previous_event_from_event_handle(torch):
+    # DeepEP's EventHandle, alone or in an EventOverlap (Megatron-LM passes EventOverlap(EventHandle())).
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU (an EventHandle records a CUDA event)")
+    from epx.deep_ep.utils import EventHandle
+
+    handle = EventHandle()
+    assert isinstance(handle.event, torch.cuda.Event)
+    assert glue.event_of(handle) is handle.event
+    assert glue.event_of(deep_ep.EventOverlap(handle)) is handle.event
+    deep_ep.EventOverlap(handle).current_stream_wait()
+    handle.current_stream_wait()
+    torch.cuda.synchronize()
+    assert handle.event.query()
+
+
 def test_team_from_group_needs_torch_distributed(torch):
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         pytest.skip("a process group exists in this process")
