@@ -39,11 +39,12 @@ def test_nvl_hint_holds_the_documented_tokens():
     assert deep_ep.Config().get_nvl_buffer_size_hint(7168, 2) == ht_bytes(2, 4096, H=3584)
 
 
-def test_ll_hint_is_the_ll_buffers_size_for_top8():
+def test_ll_hint_bounds_every_topk():
+    # DeepEP's hint has no top-k: epx's covers the largest it takes, so a top-10 model fits too.
     hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 2, 256)
-    assert hint == epx.LlBuffer.required_bytes(2, max_tokens_per_rank=128, hidden=7168, max_topk=8, num_experts=256)
-    # A larger top-k needs more (combine keeps max(R, K) rows per token).
-    assert hint < epx.LlBuffer.required_bytes(2, max_tokens_per_rank=128, hidden=7168, max_topk=16, num_experts=256)
+    assert hint == epx.LlBuffer.required_bytes(2, max_tokens_per_rank=128, hidden=7168, max_topk=16, num_experts=256)
+    # A smaller top-k needs less (combine keeps max(R, K) rows per token): the buffer made within the hint.
+    assert hint > epx.LlBuffer.required_bytes(2, max_tokens_per_rank=128, hidden=7168, max_topk=8, num_experts=256)
     assert hint < deep_ep.Buffer.get_low_latency_rdma_size_hint(256, 7168, 2, 256)
 
 
