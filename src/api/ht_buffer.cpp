@@ -22,9 +22,9 @@ namespace kh = kernels::ht;
 
 // From the num_sms sweeps (8, 12, 16, 20, 24, 32 SMs; "ht_tuning" in bench/results/), within the issue's
 // budget of 16 SMs:
-// - EP=2 (nvidia-h200-x2-2026-11-22-9a69a22.json): dispatch BF16 is fastest at 16 (354, 252, 203, 241,
-//   221, 207 us); the zero-copy combine (16 warps per CTA then) gains up to 20 SMs (217 us at 16, 194 at 20,
-//   191 at 32). The 20-warp combine of a7d348c is not swept yet.
+// - EP=2 (nvidia-h200-x2.json, b98a7d4): dispatch BF16 and FP8 gain nothing past 16 (BF16 310.5, 213.6,
+//   179.8, 179.9, 181.1, 180.4 us); the combine is fastest at 16 (203.2, then 214.6, 233.2, 237.6 at 20 to
+//   32) and the zero-copy combine within 0.2 us of its best there (193.5; 193.3 at 24).
 // - EP=4 (nvidia-h200-x4-2026-11-22-9a69a22.json): the combine is fastest at 16 and slower with more; dispatch is
 //   8-9% faster at 32.
 // - EP=8 (nvidia-h200-x8.json, 92475b3): dispatch BF16 is fastest at 8 (875, 1001, 946, 947, 926, 888 us)
