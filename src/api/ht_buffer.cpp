@@ -161,12 +161,22 @@ void HtBuffer::Impl::report_recorded_errors() {
 }
 
 // The exact form's host wait: bounded by the team's timeout, and it gives up early when the stream
-// reports an error or a device wait of the team has expired.
+// reports an error or a device wait of the team has expired. The ready word is polled on every spin; the
+// stream, the clock and the team's errors only every kCheckPeriod: cudaStreamQuery takes the driver's
+// locks, and ranks of a single-GPU team querying on every spin kept other ranks' threads from launching
+// their kernels (2026-11-22: 33 ranks on one GPU, first dispatches not started within the 5 s timeout).
 void HtBuffer::Impl::wait_for_ticket(uint32_t ticket, cudaStream_t stream) {
+  constexpr auto kCheckPeriod = std::chrono::microseconds(200);
   const auto start = std::chrono::steady_clock::now();
+  auto next_check = start + kCheckPeriod;
   volatile uint32_t* ready = &mailbox->ready;
-  for (uint32_t spin = 0; *ready != ticket; ++spin) {
-    if (spin < 1000) continue;
+  while (*ready != ticket) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_check) {
+      std::this_thread::yield();
+      continue;
+    }
+    next_check = now + kCheckPeriod;
     const cudaError_t status = cudaStreamQuery(stream);
     if (status != cudaSuccess && status != cudaErrorNotReady) check_cuda(status, "HT dispatch kernels");
     if (status == cudaSuccess && *ready != ticket) {
@@ -174,13 +184,12 @@ void HtBuffer::Impl::wait_for_ticket(uint32_t ticket, cudaStream_t stream) {
       detail::fail(ErrorKind::internal, "HT dispatch: the kernels finished but did not report the received count");
     }
     // Twice the device's bound: a device wait that expires reports who it waited for, which says more.
-    if (std::chrono::steady_clock::now() - start > 2 * team.options().wait_timeout) {
+    if (now - start > 2 * team.options().wait_timeout) {
       team.check_device_errors();
       team.impl().mark_failed();
       detail::fail(ErrorKind::timeout,
                    "HT dispatch: the received count did not arrive within twice the team's timeout");
     }
-    std::this_thread::yield();
   }
   std::atomic_thread_fence(std::memory_order_acquire);
 }
