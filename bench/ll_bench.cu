@@ -26,8 +26,10 @@ namespace {
 
 using detail::check_cuda;
 
-// The header that travels with each dispatch message (local expert ids, slots, weights, sequence).
-constexpr double kMessageHeaderBytes = sizeof(core::LlMessageHeader);
+// The header that travels with each dispatch message (slots, local expert ids, block rows, weights), as
+// stamped words; a payload travels as stamped words too (core::LlWord: 8 bytes for every 4 of data).
+constexpr double kMessageHeaderBytes = core::kLlHeaderWords * sizeof(core::LlWord);
+constexpr double kStampedWordFactor = double(sizeof(core::LlWord)) / sizeof(uint32_t);
 constexpr uint16_t kBf16NaN = 0x7fc0;
 
 static_assert(sizeof(LlRange) == sizeof(ref::RowRange) && offsetof(LlRange, count) == offsetof(ref::RowRange, count),
@@ -179,7 +181,7 @@ struct Traffic {
 
   OpBytes dispatch(bool fp8) const {
     const double H = double(hidden), payload = fp8 ? H + 4 * H / 128 : 2 * H;
-    return {double(remote_messages) * (payload + kMessageHeaderBytes),
+    return {double(remote_messages) * (kStampedWordFactor * payload + kMessageHeaderBytes),
             double(received_rows) * 2 * H * (fp8 ? (1 + 4.0 / 128) / 2 : 1.0)};
   }
   OpBytes combine(LlCombineOrder order) const {

@@ -105,7 +105,7 @@ kl::LlView LlBuffer::Impl::make_view() const {
   v.base = team.impl().symmetric_view(memory);
   v.own = own;
   v.flags = areas.flags;
-  v.dispatch_tokens = areas.dispatch_tokens;
+  v.manifests = areas.manifests;
   v.expert_counts = areas.expert_counts;
   v.headers = areas.headers;
   v.payloads = areas.payloads;

@@ -12,15 +12,15 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
   a.max_tokens = o.max_tokens_per_rank;
   a.num_experts = o.num_experts;
   a.combine_slots = std::max(num_ranks, o.max_topk);
-  a.payload_bytes = std::size_t(o.hidden) * 2;
+  a.payload_bytes = std::size_t(o.hidden) * 4;
   const std::size_t R = num_ranks, T = o.max_tokens_per_rank, sets = kLlSets;
   const std::size_t messages = sets * R * T;
 
   AreaCursor shared;
   a.flags = shared.take(sizeof(uint64_t) * kLlFlagKinds * kLlOps * sets * R);
-  a.dispatch_tokens = shared.take(sizeof(int32_t) * sets * R);
-  a.expert_counts = shared.take(sizeof(int32_t) * sets * R * a.experts_per_rank());
-  a.headers = shared.take(sizeof(LlMessageHeader) * messages);
+  a.manifests = shared.take(sizeof(LlWord) * sets * R * a.manifest_words());
+  a.expert_counts = shared.take(sizeof(LlWord) * sets * R * a.experts_per_rank());
+  a.headers = shared.take(sizeof(LlWord) * kLlHeaderWords * messages);
   a.payloads = shared.take(a.payload_bytes * messages);
   a.combine_rows = shared.take(std::size_t(2) * o.hidden * sets * a.combine_slots * T);
   a.symmetric_bytes = shared.end();

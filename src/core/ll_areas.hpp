@@ -7,10 +7,13 @@
 //                    number (src/kernels/ll/protocol.cuh): kind 0 "ready": the peer's writes to me
 //                    for the call are complete; kind 1 "freed": the peer has finished reading what I
 //                    wrote to it in the call
-//   dispatch_tokens  int32 [set][R source]: the source's token count T_s of the call
-//   expert_counts    int32 [set][R source][E_local]: how many of the source's tokens name each local expert
-//   headers          LlMessageHeader [set][R source][T_max]: the dedup message of source token t
-//   payloads         [set][R source][T_max][2 H] bytes: its row, BF16; or FP8 values then float scales
+//   The dispatch's areas hold stamped words (LlWord: 4 bytes of data, the call's stamp above them, one
+//   8-byte store each), so a receiver knows a word is this call's without a flag:
+//   manifests        LlWord [set][R source][T_max / 32]: word j, bit i: the source's token 32 j + i sends
+//                    me a message
+//   expert_counts    LlWord [set][R source][E_local]: how many of the source's tokens name each local expert
+//   headers          LlWord [set][R source][T_max][kLlHeaderWords]: the dedup message of source token t
+//   payloads         LlWord [set][R source][T_max][H / 2]: its row, BF16; or FP8 values then float scales
 //   combine_rows     bf16 [set][S][T_max][H], S = max(R, K_max): row (r, t) is expert side r's partial
 //                    sum of my token t (local order), row (k, t) the output of my token t's slot k (naive)
 // Private (this rank's kernels only):
@@ -42,17 +45,27 @@ inline constexpr int kLlSets = 2;
 enum LlOp : int { kLlDispatch = 0, kLlCombine = 1, kLlOps = 2 };
 enum LlFlag : int { kLlReady = 0, kLlFreed = 1, kLlFlagKinds = 2 };
 
-// One dedup message's routing part: the slots of the token whose experts live on the destination.
-struct LlMessageHeader {
-  uint32_t seq;           // the dispatch's sequence number: the header is valid for that call only
-  uint32_t slots;         // bit k: slot k names an expert on the destination
-  uint32_t unique_slots;  // the slots whose expert no earlier slot names (one row each)
-  uint32_t pad;
-  int16_t expert[kLlMaxTopk];     // slot k's local expert id
-  int16_t block_row[kLlMaxTopk];  // the token's index among the source's tokens naming that expert
-  float weight[kLlMaxTopk];       // slot k's weight (0 without dispatch weights)
-};
-static_assert(sizeof(LlMessageHeader) % 16 == 0, "headers are read as 16-byte vectors");
+// A stamped word of the dispatch's areas: data in the low half, the call's stamp (ll_stamp) in the high
+// half, written and read as one 8-byte access (single-copy atomic), so a reader that sees the stamp sees
+// the data written with it.
+using LlWord = uint64_t;
+// The stamp of call `seq` on a set: never 0 (the value of a word never written), and different for
+// consecutive calls.
+inline constexpr uint32_t ll_stamp(uint64_t seq) { return uint32_t(seq % 0xFFFFFFFFull) + 1u; }
+inline constexpr LlWord ll_word(uint32_t stamp, uint32_t data) { return (uint64_t(stamp) << 32) | data; }
+
+// One dedup message's routing part, the slots of the token whose experts live on the destination, as
+// kLlHeaderWords data words:
+//   kLlHeaderSlots: bit k: slot k names an expert on the destination
+//   kLlHeaderUniqueSlots: the slots whose expert no earlier slot names (one row each)
+//   kLlHeaderExperts + k / 2: slot k's local expert id, int16, in the low half for even k
+//   kLlHeaderBlockRows + k / 2: the token's index among the source's tokens naming that expert, likewise
+//   kLlHeaderWeights + k: slot k's weight (float bits; 0 without dispatch weights)
+inline constexpr int kLlHeaderSlots = 0, kLlHeaderUniqueSlots = 1, kLlHeaderExperts = 2;
+inline constexpr int kLlHeaderBlockRows = kLlHeaderExperts + kLlMaxTopk / 2;
+inline constexpr int kLlHeaderWeights = kLlHeaderBlockRows + kLlMaxTopk / 2;
+inline constexpr int kLlHeaderWords = kLlHeaderWeights + kLlMaxTopk;  // 34
+static_assert(kLlHeaderWords * sizeof(LlWord) % 16 == 0, "headers start on 16-byte boundaries");
 
 // Where one of this rank's tokens went in a dispatch (private; combine's receive step reads it).
 struct LlHomeToken {
@@ -65,10 +78,10 @@ struct LlHomeToken {
 struct LlAreas {
   int num_ranks = 0, max_tokens = 0, num_experts = 0;
   int combine_slots = 0;          // S = max(R, K_max)
-  std::size_t payload_bytes = 0;  // 2 H: a BF16 row; an FP8 row and its scales fit too
+  std::size_t payload_bytes = 0;  // 4 H: a BF16 row as stamped words; an FP8 row and its scales fit too
 
   // Symmetric offsets.
-  std::size_t flags = 0, dispatch_tokens = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0;
+  std::size_t flags = 0, manifests = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0;
   std::size_t symmetric_bytes = 0;
   // Private offsets.
   std::size_t blocks_done = 0, message_slots = 0, entry_rows = 0, entry_weights = 0, home = 0, rank_mask = 0;
@@ -76,6 +89,7 @@ struct LlAreas {
 
   int experts_per_rank() const { return num_experts / num_ranks; }
   int64_t rows_per_expert() const { return int64_t(num_ranks) * max_tokens; }  // C
+  int manifest_words() const { return (max_tokens + 31) / 32; }
 };
 
 LlAreas ll_areas(const LlBufferOptions& options, int num_ranks);

@@ -26,7 +26,7 @@ const char* phase_name(WaitPhase phase) {
     case WaitPhase::ht_bulk_load:
       return "HT bulk row load";
     case WaitPhase::ll_dispatch_recv:
-      return "LL dispatch tokens";
+      return "LL dispatch words";
     case WaitPhase::ll_combine_recv:
       return "LL combine rows";
     case WaitPhase::ll_set_reuse:
@@ -43,7 +43,11 @@ std::string describe(const WaitReport& report) {
   }
   const auto phase = static_cast<WaitPhase>(report.phase);
   char what[160];
-  if (waits_for_stamp(phase)) {  // the halves of a stamped word (core::stamped)
+  if (phase == WaitPhase::ll_dispatch_recv) {  // LL stamped words (core::LlWord): the stamp above the data
+    std::snprintf(what, sizeof what, "expected a word of call stamp %u, saw stamp %u (data %u)",
+                  unsigned(report.expected >> 32), unsigned(report.observed >> 32),
+                  unsigned(report.observed & 0xFFFFFFFFu));
+  } else if (waits_for_stamp(phase)) {  // the halves of a stamped word (core::stamped)
     std::snprintf(what, sizeof what, "expected call stamp %u with a value >= %u, saw call stamp %u with value %u",
                   unsigned(report.expected >> 32), unsigned(report.expected & 0xFFFFFFFFu),
                   unsigned(report.observed >> 32), unsigned(report.observed & 0xFFFFFFFFu));

@@ -21,10 +21,10 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
   };
   // Each area with the bytes the kernels index into it, in layout order; then the allocation's end.
   const Area shared[] = {{a.flags, 8 * core::kLlFlagKinds * core::kLlOps * core::kLlSets * R},
-                         {a.dispatch_tokens, 4 * core::kLlSets * R},
-                         {a.expert_counts, 4 * core::kLlSets * R * E_local},
-                         {a.headers, sizeof(core::LlMessageHeader) * messages},
-                         {a.payloads, 2 * H * messages},
+                         {a.manifests, 8 * core::kLlSets * R * ((T + 31) / 32)},
+                         {a.expert_counts, 8 * core::kLlSets * R * E_local},
+                         {a.headers, 8 * core::kLlHeaderWords * messages},
+                         {a.payloads, 4 * H * messages},
                          {a.combine_rows, 2 * H * core::kLlSets * combine_slots * T},
                          {a.symmetric_bytes, 0}};
   const Area own[] = {{a.blocks_done, 4 * core::kLlOps * 2},
@@ -48,7 +48,9 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
     return broken;
   }
   if (std::string broken = check(own, sizeof(own) / sizeof(own[0]), "private"); !broken.empty()) return broken;
-  if (a.payload_bytes < H + 4 * (H / 128)) return "an FP8 row and its scales do not fit a payload";
+  // A payload holds 4 bytes of row per 8-byte stamped word: a BF16 row, or an FP8 row and its scales.
+  if (a.payload_bytes < 2 * (2 * H) || a.payload_bytes < 2 * (H + 4 * (H / 128)))
+    return "a row (BF16, or FP8 and its scales) does not fit a payload as stamped words";
   if (a.rows_per_expert() != int64_t(R * T)) return "rows_per_expert is not R * max_tokens_per_rank";
   return "";
 }

@@ -1,29 +1,34 @@
 // LL dispatch: one dedup message per (token, destination rank), written straight into the
 // destination's receive area; each receiver then expands the messages into the caller's packed layout.
 //
-// Protocol, for buffer set `set` (areas of core::LlAreas; flags, the sequence number seq and the
-// "set is free" wait as in protocol.cuh).
+// Protocol, for buffer set `set` (areas of core::LlAreas; the sequence number seq and the "set is free"
+// wait as in protocol.cuh). Everything a source writes into a destination's areas travels as stamped
+// words (core::LlWord, stamp = ll_stamp(seq)), so a receiver takes each word once it carries this
+// call's stamp: there is no "ready" flag, no fence and no count before the receive can start.
 //   Send (rank me). Every CTA first stages my top-k table in shared memory (int16, -1 for none, an
 //   invalid id or an expert of a masked rank; CTA 0 records the first invalid id). A warp waits until the
 //   peers have freed the set before its first remote store.
+//     * Counts and manifests (the last CTA, before its columns): expert_counts(r, set, me) = my tokens
+//       per local expert of r; manifest(r, set, me) word j, bit i: my token 32 j + i sends r a
+//       message (every word, for every rank r not masked).
 //     * Columns (every warp), token t and 512 columns: payload(r, set, me, t) = the row (BF16, or FP8
 //       cast once here, then its float scales) for every destination rank r of t. The warp of the
-//       first columns also writes header(r, set, me, t): seq, slots, unique_slots, and per slot the
-//       expert, weight and block_row (how many of my tokens before t name that expert: t's place
-//       among them), and home(set, t) (t's destination ranks ascending and valid slots, for combine).
-//     * Counts (the last CTA, before its columns): expert_counts(r, set, me) = my tokens per local
-//       expert of r.
-//     Plain stores over NVLink. Then the last CTA writes tokens(r, set, me) = T and signals ready on
-//     every rank r (also those that get no message).
-//   Receive (rank me): every CTA waits until every source has signalled ready (a masked source counts
-//   as having sent no token, see protocol.cuh). Expert e's rows
-//     are source ranks ascending, tokens ascending: the message of (s, t) goes to row begin(e, s) +
-//     block_row of every unique slot naming e, where begin(e, s) is the sum of expert_counts(me, set,
-//     s')[e] over s' < s; src_idx too; CTA 0 writes layout_range, recv_count and the statistics. A
-//     header whose seq is not this call's is stale: that token did not come here this time. What
-//     combine needs of each message (slots, each slot's packed row and weight) is kept in private
-//     memory, so the set is not read after this step. Warps take (message, part of its payload) work
-//     items; then the last CTA signals freed to every source.
+//       first columns also writes header(r, set, me, t): slots, unique_slots, and per slot the expert,
+//       weight and block_row (how many of my tokens before t name that expert: t's place among them),
+//       and home(set, t) (t's destination ranks ascending and valid slots, for combine).
+//     All of them plain 8-byte (or two-word 16-byte) volatile stores over NVLink, in no order.
+//   Receive (rank me). A source masked when the step starts (the CTA's view; a masked source counts as
+//   having sent nothing, see protocol.cuh) is not read. Warps take (message, part of its payload) work
+//   items. Message (s, t): the warp waits for manifest word t / 32 of s; if t's bit is clear, t sent me
+//   nothing. Else it waits for the header's words, and for the counts expert_counts(me, set, s')[e] of
+//   each of its slots' experts e and every unmasked s' < s: expert e's rows are source ranks ascending,
+//   tokens ascending, so the message goes to row begin(e, s) + block_row of every unique slot naming e,
+//   begin(e, s) being the sum of those counts. Then it waits for each payload word of its part as it
+//   loads it, and stores the part into every row; src_idx too. CTA 0 writes layout_range, recv_count
+//   and the statistics (waiting for every source's counts). What combine needs of each message (slots,
+//   each slot's packed row and weight; slots 0 for a token that sent nothing) is kept in private
+//   memory, so the set is not read after this step. Then the last CTA signals freed to every source.
+//   Every wait is bounded (wait_for_words).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -49,7 +54,7 @@ constexpr float kAmaxFloor = 1e-4f;
 constexpr float kE4m3Max = 448.0f;
 
 using core::LlHomeToken;
-using core::LlMessageHeader;
+using core::LlWord;
 
 // ---- Send ----
 
@@ -138,29 +143,56 @@ __device__ int tokens_before_naming(const DispatchParams& p, const int16_t* expe
   return before;
 }
 
+// The whole warp stores a header's kLlHeaderWords stamped words (see core::kLlHeaderSlots). Lane k holds
+// slot k's expert and block row (16 bits each) and weight bits, 0 for a slot not in `slots`.
+__device__ void write_header(LlWord* header, uint32_t stamp, uint32_t slots, uint32_t unique_slots, uint32_t expert,
+                             uint32_t block_row, uint32_t weight) {
+  using namespace core;
+  const int lane = threadIdx.x % kWarp;
+  // Lane w stores word w, and lanes w < kLlHeaderWords - 32 word 32 + w too (weights). Every lane takes
+  // part in every shuffle; a lane uses only the values of its word's kind.
+  const int pair = lane < kLlHeaderBlockRows ? lane - kLlHeaderExperts : lane - kLlHeaderBlockRows;
+  const int even = (2 * max(pair, 0)) & (kWarp - 2);
+  const uint32_t expert_lo = __shfl_sync(~0u, expert, even), expert_hi = __shfl_sync(~0u, expert, even + 1);
+  const uint32_t row_lo = __shfl_sync(~0u, block_row, even), row_hi = __shfl_sync(~0u, block_row, even + 1);
+  const uint32_t weight_here = __shfl_sync(~0u, weight, (lane - kLlHeaderWeights) & (kWarp - 1));
+  const uint32_t weight_above = __shfl_sync(~0u, weight, (lane + kWarp - kLlHeaderWeights) & (kWarp - 1));
+  uint32_t word = weight_here;
+  if (lane == kLlHeaderSlots)
+    word = slots;
+  else if (lane == kLlHeaderUniqueSlots)
+    word = unique_slots;
+  else if (lane < kLlHeaderBlockRows)
+    word = expert_lo | expert_hi << 16;
+  else if (lane < kLlHeaderWeights)
+    word = row_lo | row_hi << 16;
+  store_word(header + lane, ll_word(stamp, word));
+  if (lane < kLlHeaderWords - kWarp) store_word(header + kWarp + lane, ll_word(stamp, weight_above));
+}
+
 // The first columns' warp of token t: the headers of its messages and its home record. Lane k holds
-// slot k's expert and rank; `same_rank`: the lanes whose expert lives on this lane's rank; `leaders`:
-// the lowest such lane of each destination rank.
-__device__ void write_routing(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int64_t expert,
-                              int rank, uint32_t same_rank, uint32_t leaders) {
+// slot k's expert and rank; `leaders`: the lowest lane of each destination rank.
+__device__ void write_routing(const DispatchParams& p, const int16_t* experts, uint32_t stamp, int t, int64_t expert,
+                              int rank, uint32_t leaders) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp;
   const bool leader = (leaders >> lane) & 1u;
   const uint32_t same_expert = __match_any_sync(~0u, expert);
   const int block_row = tokens_before_naming(p, experts, t, expert);
-  if (rank >= 0) {
-    LlMessageHeader* h = v.header(rank, p.set, v.team.rank, t);
-    h->expert[lane] = int16_t(expert - int64_t(rank) * v.experts_per_rank());
-    h->block_row[lane] = int16_t(block_row);
-    h->weight[lane] = p.weights != nullptr ? p.weights[t * p.weights_row_stride + lane] : 0.0f;
-    const uint32_t first_of_expert = __ballot_sync(same_rank, lane == __ffs(same_expert) - 1);
-    if (leader) {
-      h->slots = same_rank;
-      h->unique_slots = first_of_expert;
-      h->seq = uint32_t(seq);
-    }
+  const uint32_t first_of_expert = __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_expert) - 1);
+  const bool valid = rank >= 0;
+  const uint32_t local_expert = valid ? uint16_t(int16_t(expert - int64_t(rank) * v.experts_per_rank())) : 0u;
+  const uint32_t row = valid ? uint16_t(int16_t(block_row)) : 0u;
+  const uint32_t weight =
+      valid && p.weights != nullptr ? __float_as_uint(p.weights[t * p.weights_row_stride + lane]) : 0u;
+  for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
+    const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
+    const bool mine = rank == dest;
+    const uint32_t slots = __ballot_sync(~0u, mine);
+    write_header(v.header(dest, p.set, v.team.rank, t), stamp, slots, first_of_expert & slots, mine ? local_expert : 0u,
+                 mine ? row : 0u, mine ? weight : 0u);
   }
-  const uint32_t valid_slots = __ballot_sync(~0u, rank >= 0);
+  const uint32_t valid_slots = __ballot_sync(~0u, valid);
   int position = 0;  // among the destination ranks, ascending
   for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
     const int other = __shfl_sync(~0u, rank, __ffs(rest) - 1);
@@ -185,6 +217,7 @@ __device__ bool ensure_set_free(const DispatchParams& p, uint64_t seq, bool& fre
 // One warp: 512 columns of token t to every destination rank. Returns false when the team failed.
 __device__ bool send_columns(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int chunk,
                              bool& free) {
+  const uint32_t stamp = core::ll_stamp(seq);
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp;
   const int col = chunk * kColsPerItem + lane * kColsPerLane;
@@ -200,33 +233,40 @@ __device__ bool send_columns(const DispatchParams& p, const int16_t* experts, ui
   const uint32_t same_rank = __match_any_sync(~0u, rank);
   const uint32_t leaders = __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1);
   if (!ensure_set_free(p, seq, free)) return false;
-  if (chunk == 0) write_routing(p, experts, seq, t, expert, rank, same_rank, leaders);
+  if (chunk == 0) write_routing(p, experts, stamp, t, expert, rank, leaders);
   float scale = 0.0f;
   const uint4 fp8 = p.fp8 ? cast_to_fp8(raw, p.round_scale, &scale) : uint4{};
   for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
     if (!active) continue;
-    char* slot = v.payload(dest, p.set, v.team.rank, t);
+    LlWord* words = v.payload(dest, p.set, v.team.rank, t);  // word i: bytes [4 i, 4 i + 4) of the row
     if (p.fp8) {
-      *reinterpret_cast<uint4*>(slot + col) = fp8;
-      if (lane % kLanesPerGroup == 0) reinterpret_cast<float*>(slot + p.hidden)[col / kGroup] = scale;
+      LlWord* at = words + col / 4;
+      store_words(at, core::ll_word(stamp, fp8.x), core::ll_word(stamp, fp8.y));
+      store_words(at + 2, core::ll_word(stamp, fp8.z), core::ll_word(stamp, fp8.w));
+      if (lane % kLanesPerGroup == 0)
+        store_word(words + p.hidden / 4 + col / kGroup, core::ll_word(stamp, __float_as_uint(scale)));
     } else {
-      uint4* dst = reinterpret_cast<uint4*>(slot + 2 * col);
-      dst[0] = raw[0];
-      dst[1] = raw[1];
+      const uint32_t* data = &raw[0].x;  // raw[0] and raw[1]: 8 words
+      LlWord* at = words + col / 2;
+#pragma unroll
+      for (int i = 0; i < 8; i += 2)
+        store_words(at + i, core::ll_word(stamp, data[i]), core::ll_word(stamp, data[i + 1]));
     }
   }
   return true;
 }
 
-// ---- Send: expert counts ----
-// The last CTA counts my tokens per expert (a token naming one expert in two slots counts once) and
-// writes each rank's counts, [E_local] int32, to expert_counts(rank, set, me). Returns false when the
-// team failed.
-__device__ bool send_expert_counts(const DispatchParams& p, const int16_t* experts, const bool* masked, int32_t* counts,
-                                   uint64_t seq, bool& free) {
+// ---- Send: counts and manifests ----
+// The last CTA counts my tokens per expert (a token naming one expert in two slots counts once) and writes
+// each unmasked rank's counts, [E_local] stamped words, to expert_counts(rank, set, me); then every word
+// of each unmasked rank's manifest (which of my tokens send it a message). Returns false when the team
+// failed.
+__device__ bool send_counts_and_manifests(const DispatchParams& p, const int16_t* experts, const bool* masked,
+                                          int32_t* counts, uint64_t seq, bool& free) {
   const LlView& v = p.v;
-  const int K = p.topk;
+  const int K = p.topk, lane = threadIdx.x % kWarp, E_local = v.experts_per_rank();
+  const uint32_t stamp = core::ll_stamp(seq);
   for (int e = threadIdx.x; e < v.num_experts; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < p.num_tokens * K; i += blockDim.x) {
@@ -237,9 +277,22 @@ __device__ bool send_expert_counts(const DispatchParams& p, const int16_t* exper
   }
   __syncthreads();
   if (!ensure_set_free(p, seq, free)) return false;
-  const int E_local = v.experts_per_rank();
   for (int e = threadIdx.x; e < v.num_experts; e += blockDim.x) {
-    if (!masked[e / E_local]) v.expert_counts_of(e / E_local, p.set, v.team.rank)[e % E_local] = counts[e];
+    if (!masked[e / E_local])
+      store_word(v.expert_counts_of(e / E_local, p.set, v.team.rank) + e % E_local, core::ll_word(stamp, counts[e]));
+  }
+  // Manifests: a warp per (rank, word); lane i looks at token 32 j + i.
+  const int words = (v.max_tokens + kWarp - 1) / kWarp;
+  for (int item = threadIdx.x / kWarp; item < v.team.nranks * words; item += kWarps) {
+    const int r = item / words, j = item % words, t = j * kWarp + lane;
+    if (masked[r]) continue;
+    bool sends = false;
+    for (int k = 0; t < p.num_tokens && k < K; ++k) {
+      const int e = experts[t * K + k];
+      sends |= e >= 0 && e / E_local == r;
+    }
+    const uint32_t bits = __ballot_sync(~0u, sends);
+    if (lane == 0) store_word(v.manifest_of(r, p.set, v.team.rank) + j, core::ll_word(stamp, bits));
   }
   return true;
 }
@@ -274,15 +327,13 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
   }
   bool free = false;  // this warp has seen the set freed by every peer
   const bool counting = blockIdx.x == gridDim.x - 1;
-  bool ok = !counting || send_expert_counts(p, experts, masked, counts, seq, free);
+  bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
   // Column items: the counting CTA's warps last.
   const int chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
   const int warps = gridDim.x * kWarps;
   for (int i = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && i < p.num_tokens * chunks; i += warps) {
     ok = send_columns(p, experts, seq, i / chunks, i % chunks, free);
   }
-  last_cta_signals(v, v.blocks_done_of(core::kLlDispatch, kLlSend), masked, core::kLlReady, core::kLlDispatch, p.set,
-                   seq, [&](int r) { *v.tokens_of(r, p.set, v.team.rank) = p.num_tokens; });
 }
 
 // ---- Receive ----
@@ -295,54 +346,86 @@ struct MessageRows {
   float weight;           // lane k: slot k's weight
 };
 
-// Reads the header of (s, t) and finds each slot's row: expert e's rows from source s start after the
-// rows of unmasked sources s' < s (expert_counts), and the token's place among them is block_row. The
-// header's fields are loaded together, before the validity check. `masked`: the CTA's view of the mask.
-__device__ MessageRows message_rows(const DispatchParams& p, const bool* masked, uint32_t seq, int s, int t) {
+// What one lane waits for, as wait_for_words takes it: `words` stamped words at `at`, loaded into `out`.
+// Returns the wait's outcome on this lane.
+__device__ PeerWait wait_words(const LlView& v, int s, uint32_t stamp, const LlWord* at, int words, LlWord* out,
+                               int detail) {
+  return wait_for_words(
+      v, s, stamp,
+      [&] {
+        bool all = true;
+        for (int i = 0; i < words; ++i) {
+          out[i] = load_word(at + i);
+          all &= has_stamp(out[i], stamp);
+        }
+        return all;
+      },
+      [&] { return out[0]; }, transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(detail)});
+}
+
+// The whole warp reads message (s, t)'s routing: whether t sent me a message (its manifest bit), then its
+// header, and for each slot the count of its expert on every unmasked source before s, to find its row
+// (see the protocol). `masked`: the CTA's view of the mask. `failed`: the team failed (on every lane).
+__device__ MessageRows message_rows(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t,
+                                    bool& failed) {
+  using namespace core;
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
-  const LlMessageHeader* h = v.header(me, p.set, s, t);
-  const int tokens = masked[s] ? 0 : *v.tokens_of(me, p.set, s);
-  const uint32_t header_seq = h->seq, slots = h->slots, unique_slots = h->unique_slots;
-  const int k = lane % core::kLlMaxTopk;
-  const int e = h->expert[k], block_row = h->block_row[k];
-  const float weight = h->weight[k];
-  const bool sent = t < tokens && header_seq == seq;
-  MessageRows m{sent ? slots : 0u, sent ? unique_slots : 0u, -1, 0.0f};
-  if ((m.slots >> lane) & 1u) {
+  MessageRows m{0u, 0u, -1, 0.0f};
+  failed = false;
+  if (masked[s]) return m;
+  LlWord manifest = 0;
+  const PeerWait got = wait_words(v, s, stamp, v.manifest_of(me, p.set, s) + t / kWarp, 1, &manifest, t);
+  failed = __any_sync(~0u, got == PeerWait::failed);
+  if (failed || !__all_sync(~0u, got == PeerWait::arrived) || ((data_of(manifest) >> (t % kWarp)) & 1u) == 0u) return m;
+  // Lane w holds header word w, and lanes below kLlHeaderWords - 32 word 32 + w too.
+  const LlWord* header = v.header(me, p.set, s, t);
+  LlWord words[2] = {0, 0};
+  const PeerWait h = wait_words(v, s, stamp, header + lane, 1, &words[0], t);
+  const PeerWait h2 = lane < kLlHeaderWords - kWarp ? wait_words(v, s, stamp, header + kWarp + lane, 1, &words[1], t)
+                                                    : PeerWait::arrived;
+  failed = __any_sync(~0u, h == PeerWait::failed || h2 == PeerWait::failed);
+  if (failed || !__all_sync(~0u, h == PeerWait::arrived && h2 == PeerWait::arrived)) return m;
+  const int k = lane % kLlMaxTopk;
+  const uint32_t slots = __shfl_sync(~0u, data_of(words[0]), kLlHeaderSlots);
+  const uint32_t unique_slots = __shfl_sync(~0u, data_of(words[0]), kLlHeaderUniqueSlots);
+  const uint32_t expert_pair = __shfl_sync(~0u, data_of(words[0]), kLlHeaderExperts + k / 2);
+  const uint32_t row_pair = __shfl_sync(~0u, data_of(words[0]), kLlHeaderBlockRows + k / 2);
+  const uint32_t weight_here = __shfl_sync(~0u, data_of(words[0]), (kLlHeaderWeights + k) & (kWarp - 1));
+  const uint32_t weight_above = __shfl_sync(~0u, data_of(words[1]), (kLlHeaderWeights + k) & (kWarp - 1));
+  const int e = int16_t(expert_pair >> (16 * (k % 2)));
+  const int block_row = int16_t(row_pair >> (16 * (k % 2)));
+  const float weight = __uint_as_float(kLlHeaderWeights + k < kWarp ? weight_here : weight_above);
+  m.slots = slots;
+  m.unique_slots = unique_slots;
+  bool ok = true;
+  if ((slots >> lane) & 1u) {
     int32_t begin = 0;
-    for (int earlier = 0; earlier < s; ++earlier) {
-      if (!masked[earlier]) begin += v.expert_counts_of(me, p.set, earlier)[e];
+    for (int earlier = 0; ok && earlier < s; ++earlier) {
+      if (masked[earlier]) continue;
+      LlWord count = 0;
+      const PeerWait c = wait_words(v, earlier, stamp, v.expert_counts_of(me, p.set, earlier) + e, 1, &count, e);
+      ok = c != PeerWait::failed;
+      if (c == PeerWait::arrived) begin += int32_t(data_of(count));
     }
     m.row = int32_t(e * v.rows_per_expert() + begin + block_row);
     m.weight = weight;
   }
+  failed = !__all_sync(~0u, ok);
   return m;
 }
 
 // One warp, part `part` of `parts` of message (s, t): part 0 records the message for combine
 // (message_slots, entry_rows, entry_weights) and src_idx, and copies the scales; every part copies its
-// share of the payload's 16-byte vectors, each loaded once and stored into every row it expands to.
-__device__ void receive_message(const DispatchParams& p, const bool* masked, uint32_t seq, int s, int t, int part,
+// share of the payload's 16-byte vectors (each four stamped words), each loaded once and stored into
+// every row it expands to. Returns false when the team failed.
+__device__ bool receive_message(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t, int part,
                                 int parts) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
-  const char* payload = v.payload(me, p.set, s, t);
-  const int row_bytes = p.fp8 ? p.hidden : 2 * p.hidden;
-  const int vectors = row_bytes / 16;
-  const int per_part = (vectors + parts - 1) / parts;
-  const int first = part * per_part, last = min(vectors, first + per_part);
-  // The first batch is loaded before the header is read (a message that did not come is not stored).
-  uint4 batch[kCopyBatch];
-  const auto load_batch = [&](int base) {
-#pragma unroll
-    for (int b = 0; b < kCopyBatch; ++b) {
-      const int u = base + b * kWarp + lane;
-      if (u < last) batch[b] = reinterpret_cast<const uint4*>(payload)[u];
-    }
-  };
-  load_batch(first);
-  const MessageRows m = message_rows(p, masked, seq, s, t);
+  bool failed = false;
+  const MessageRows m = message_rows(p, masked, stamp, s, t, failed);
+  if (failed) return false;
   if (part == 0) {
     if (lane == 0) *v.message_slots_of(p.set, s, t) = m.slots;
     if ((m.slots >> lane) & 1u) {
@@ -351,10 +434,35 @@ __device__ void receive_message(const DispatchParams& p, const bool* masked, uin
       if ((m.unique_slots >> lane) & 1u) p.src_idx[m.row] = t;
     }
   }
-  if (m.slots == 0u) return;
+  if (m.slots == 0u) return true;
+  const LlWord* payload = v.payload(me, p.set, s, t);
+  const int row_bytes = p.fp8 ? p.hidden : 2 * p.hidden;
+  const int vectors = row_bytes / 16;
+  const int per_part = (vectors + parts - 1) / parts;
+  const int first = part * per_part, last = min(vectors, first + per_part);
   char* out = static_cast<char*>(p.out_x);
+  uint4 batch[kCopyBatch];
   for (int base = first; base < last; base += kWarp * kCopyBatch) {
-    if (base != first) load_batch(base);
+    // Vector u of the row is stamped words 4 u .. 4 u + 3.
+    ulonglong2 seen = {0, 0};
+    const PeerWait got = wait_for_words(
+        v, s, stamp,
+        [&] {
+          bool all = true;
+#pragma unroll
+          for (int b = 0; b < kCopyBatch; ++b) {
+            const int u = base + b * kWarp + lane;
+            if (u >= last) continue;
+            const ulonglong2 lo = load_words(payload + 4 * u), hi = load_words(payload + 4 * u + 2);
+            all &= has_stamp(lo.x, stamp) && has_stamp(lo.y, stamp) && has_stamp(hi.x, stamp) && has_stamp(hi.y, stamp);
+            batch[b] = make_uint4(data_of(lo.x), data_of(lo.y), data_of(hi.x), data_of(hi.y));
+            seen = lo;
+          }
+          return all;
+        },
+        [&] { return seen.x; }, transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
+    if (__any_sync(~0u, got == PeerWait::failed)) return false;
+    if (!__all_sync(~0u, got == PeerWait::arrived)) return true;  // s got masked: its rows stay unwritten
     for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
       uint4* row = reinterpret_cast<uint4*>(out + int64_t(__shfl_sync(~0u, m.row, __ffs(rest) - 1)) * row_bytes);
 #pragma unroll
@@ -364,19 +472,24 @@ __device__ void receive_message(const DispatchParams& p, const bool* masked, uin
       }
     }
   }
-  if (!p.fp8 || part != parts - 1) return;
+  if (!p.fp8 || part != parts - 1) return true;
   const LlScalesLayout& l = p.scales_layout;
   const int64_t C = v.rows_per_expert();
-  const float* scales = reinterpret_cast<const float*>(payload + p.hidden);
+  const LlWord* scales = payload + p.hidden / 4;  // scale g: word g
   const int groups = p.hidden / kGroup;
   const int words = p.ue8m0 ? groups / 4 : groups;  // UE8M0: four scale exponents per int32
   for (int w0 = 0; w0 < words; w0 += kWarp) {
     const int w = w0 + lane;
-    uint32_t value = 0;
-    if (w < words && p.ue8m0) {
-      for (int b = 0; b < 4; ++b) value |= ((__float_as_uint(scales[4 * w + b]) >> 23) & 0xFFu) << (8 * b);
-    } else if (w < words) {
-      value = __float_as_uint(scales[w]);
+    const int per_word = p.ue8m0 ? 4 : 1;
+    LlWord got_scales[4] = {0, 0, 0, 0};
+    const PeerWait got =
+        w < words ? wait_words(v, s, stamp, scales + per_word * w, per_word, got_scales, t) : PeerWait::arrived;
+    if (__any_sync(~0u, got == PeerWait::failed)) return false;
+    if (!__all_sync(~0u, got == PeerWait::arrived)) return true;
+    uint32_t value = data_of(got_scales[0]);
+    if (p.ue8m0) {
+      value = 0;
+      for (int b = 0; b < 4; ++b) value |= ((data_of(got_scales[b]) >> 23) & 0xFFu) << (8 * b);
     }
     for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
       const int64_t row = __shfl_sync(~0u, m.row, __ffs(rest) - 1);
@@ -385,20 +498,28 @@ __device__ void receive_message(const DispatchParams& p, const bool* masked, uin
         static_cast<uint32_t*>(p.out_scales)[e * l.expert_stride + i * l.row_stride + w * l.col_stride] = value;
     }
   }
+  return true;
 }
 
 __device__ void receive(const DispatchParams& p, uint64_t seq) {
   const LlView& v = p.v;
   const int R = v.team.nranks, me = v.team.rank;
-  __shared__ bool masked[kMaxNvlinkRanks];
-  if (!wait_every_peer(v, core::kLlDispatch, p.set, seq, transport::WaitPhase::ll_dispatch_recv, masked)) return;
+  const uint32_t stamp = core::ll_stamp(seq);
+  __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask (protocol.cuh)
+  for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
+  __syncthreads();
+  bool ok = true;
   if (blockIdx.x == 0) {  // the per-expert outputs
-    for (int e = threadIdx.x; e < v.experts_per_rank(); e += blockDim.x) {
+    for (int e = threadIdx.x; ok && e < v.experts_per_rank(); e += blockDim.x) {
       int32_t begin = 0;
-      for (int s = 0; s < R; ++s) {
-        const int32_t count = masked[s] ? 0 : v.expert_counts_of(me, p.set, s)[e];
-        p.layout_range[e * R + s] = LlRange{begin, count};
-        begin += count;
+      for (int s = 0; ok && s < R; ++s) {
+        LlWord count = 0;
+        const PeerWait c =
+            masked[s] ? PeerWait::masked : wait_words(v, s, stamp, v.expert_counts_of(me, p.set, s) + e, 1, &count, e);
+        ok = c != PeerWait::failed;
+        const int32_t n = c == PeerWait::arrived ? int32_t(data_of(count)) : 0;
+        p.layout_range[e * R + s] = LlRange{begin, n};
+        begin += n;
       }
       p.recv_count[e] = begin;
       if (p.cumulative_recv_count != nullptr) p.cumulative_recv_count[e] += begin;
@@ -408,12 +529,15 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
   const int messages = R * v.max_tokens;
   const int warps = gridDim.x * kWarps;
   const int parts = max(1, min(warps / messages, 8));
-  for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; item < messages * parts; item += warps) {
+  for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = item / parts;
-    receive_message(p, masked, uint32_t(seq), message / v.max_tokens, message % v.max_tokens, item % parts, parts);
+    ok = receive_message(p, masked, stamp, message / v.max_tokens, message % v.max_tokens, item % parts, parts);
   }
-  last_cta_signals(v, v.blocks_done_of(core::kLlDispatch, kLlReceive), masked, core::kLlFreed, core::kLlDispatch, p.set,
-                   seq, [](int) {});
+  // "freed" goes to the sources not masked now (one may have been masked while the step ran).
+  __shared__ bool masked_now[kMaxNvlinkRanks];
+  for (int r = threadIdx.x; r < R; r += blockDim.x) masked_now[r] = masked[r] || is_masked(v, r);
+  last_cta_signals(v, v.blocks_done_of(core::kLlDispatch, kLlReceive), masked_now, core::kLlFreed, core::kLlDispatch,
+                   p.set, seq, [](int) {});
 }
 
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {

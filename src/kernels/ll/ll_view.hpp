@@ -22,7 +22,7 @@ struct LlView {
   transport::TeamView team;
   transport::SymmetricView base;  // base.base[r]: rank r's symmetric allocation
   char* own;                      // this rank's private allocation
-  uint64_t flags, dispatch_tokens, expert_counts, headers, payloads, combine_rows;
+  uint64_t flags, manifests, expert_counts, headers, payloads, combine_rows;
   uint64_t blocks_done, message_slots, entry_rows, entry_weights, home, rank_mask;
   int32_t max_tokens, hidden, max_topk, num_experts, combine_slots;
   bool mask_on_timeout;  // LlBufferOptions::mask_on_timeout
@@ -39,19 +39,23 @@ struct LlView {
     return reinterpret_cast<uint64_t*>(base.base[owner] + flags) +
            ((kind * core::kLlOps + op) * core::kLlSets + set) * team.nranks + peer;
   }
-  __device__ int32_t* tokens_of(int owner, int set, int src) const {
-    return reinterpret_cast<int32_t*>(base.base[owner] + dispatch_tokens) + set * team.nranks + src;
+  // Which of source src's tokens send owner a message, [T_max / 32] stamped words of 32 bits.
+  __device__ core::LlWord* manifest_of(int owner, int set, int src) const {
+    const int words = (max_tokens + 31) / 32;
+    return reinterpret_cast<core::LlWord*>(base.base[owner] + manifests) + (int64_t(set) * team.nranks + src) * words;
   }
-  // Source src's tokens per local expert of owner, [E_local].
-  __device__ int32_t* expert_counts_of(int owner, int set, int src) const {
-    return reinterpret_cast<int32_t*>(base.base[owner] + expert_counts) +
+  // Source src's tokens per local expert of owner, [E_local] stamped words.
+  __device__ core::LlWord* expert_counts_of(int owner, int set, int src) const {
+    return reinterpret_cast<core::LlWord*>(base.base[owner] + expert_counts) +
            (int64_t(set) * team.nranks + src) * experts_per_rank();
   }
-  __device__ core::LlMessageHeader* header(int owner, int set, int src, int t) const {
-    return reinterpret_cast<core::LlMessageHeader*>(base.base[owner] + headers) + message(set, src, t);
+  // The header of (set, src, t) at owner, [kLlHeaderWords] stamped words.
+  __device__ core::LlWord* header(int owner, int set, int src, int t) const {
+    return reinterpret_cast<core::LlWord*>(base.base[owner] + headers) + message(set, src, t) * core::kLlHeaderWords;
   }
-  __device__ char* payload(int owner, int set, int src, int t) const {
-    return base.base[owner] + payloads + message(set, src, t) * 2 * int64_t(hidden);
+  // The payload of (set, src, t) at owner: stamped word i holds bytes [4 i, 4 i + 4) of the row.
+  __device__ core::LlWord* payload(int owner, int set, int src, int t) const {
+    return reinterpret_cast<core::LlWord*>(base.base[owner] + payloads) + message(set, src, t) * int64_t(hidden) / 2;
   }
   __device__ uint16_t* combine_row(int owner, int set, int slot, int t) const {
     return reinterpret_cast<uint16_t*>(base.base[owner] + combine_rows) +

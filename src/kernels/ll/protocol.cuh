@@ -6,9 +6,11 @@
 //   * Before a warp first writes into peers' copies of the set, it waits until every peer's
 //     freed(me, op, set, peer) >= seq - 1: the peer has finished reading the set's previous use, so
 //     nothing unread is overwritten, whatever the order of calls (captured graphs included).
-//   * When every CTA's writes are done (last_cta_done: the last CTA, after fences, is the one that
-//     signals), ready(r, op, set, me) = seq on every rank r. The receive step waits until
-//     ready(me, op, set, r) >= seq for every r.
+//   * Combine: when every CTA's writes are done (last_cta_done: the last CTA, after fences, is the one
+//     that signals), ready(r, op, set, me) = seq on every rank r. The receive step waits until
+//     ready(me, op, set, r) >= seq for every r. The dispatch has no "ready": its data travels as
+//     stamped words (core::LlWord, stamp ll_stamp(seq)), and its receive step waits for each word's
+//     stamp (wait_for_words).
 //   * When every CTA's reads are done, freed(r, op, set, me) = seq on every rank r (me included).
 // Signals are system-scope release stores by one thread; waits are acquires, bounded (wait_at_least).
 // One remote signal per call and peer: many CTAs adding to one remote counter serialise on it.
@@ -55,6 +57,53 @@ __device__ inline PeerWait wait_for_peer(const LlView& v, int r, const uint64_t*
   if (give_up == nullptr || team_failed(v.team)) return PeerWait::failed;
   atomicExch(&v.host_report->masked[r], 1u);
   return PeerWait::masked;
+}
+
+// Stamped words (core::LlWord): one 8-byte access each (a 16-byte access is two of them), volatile, so
+// that a spin reloads them; a word is whole (single-copy atomic), so its stamp vouches for its data.
+__device__ __forceinline__ void store_word(core::LlWord* p, core::LlWord a) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(a) : "memory");
+}
+__device__ __forceinline__ void store_words(core::LlWord* p, core::LlWord a, core::LlWord b) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+__device__ __forceinline__ core::LlWord load_word(const core::LlWord* p) {
+  core::LlWord a;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(a) : "l"(p) : "memory");
+  return a;
+}
+__device__ __forceinline__ ulonglong2 load_words(const core::LlWord* p) {
+  ulonglong2 v;
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ bool has_stamp(core::LlWord w, uint32_t stamp) { return uint32_t(w >> 32) == stamp; }
+__device__ __forceinline__ uint32_t data_of(core::LlWord w) { return uint32_t(w); }
+
+// This thread spins until arrived() (which loads stamped words of source s into the caller's variables
+// and says whether each carries the call's stamp; `last_seen()` the word to report if not), bounded like
+// transport::wait_until: a source masked meanwhile ends it (masked); so does an expired wait with
+// mask_on_timeout, which masks s; any other expired wait fails the team (failed).
+template <typename Arrived, typename LastSeen>
+__device__ PeerWait wait_for_words(const LlView& v, int s, uint32_t stamp, Arrived arrived, LastSeen last_seen,
+                                   transport::WaitSite site) {
+  uint64_t start = 0;
+  for (uint32_t spin = 0;; ++spin) {
+    if (arrived()) return PeerWait::arrived;
+    if ((spin & 1023u) != 1023u) continue;
+    if (is_masked(v, s)) return PeerWait::masked;
+    if (transport::team_failed(v.team)) return PeerWait::failed;
+    const uint64_t now = transport::global_timer_ns();
+    if (start == 0) start = now;
+    if (now - start <= v.team.timeout_ns) continue;
+    if (v.mask_on_timeout && s != v.team.rank) {
+      atomicExch(v.rank_mask_of(s), 1u);
+      atomicExch(&v.host_report->masked[s], 1u);
+      return PeerWait::masked;
+    }
+    transport::report_timeout(v.team, site, core::ll_word(stamp, 0), last_seen(), now - start);
+    return PeerWait::failed;
+  }
 }
 
 // The whole warp waits until every peer has freed `set` of `op` after its previous use. Returns false
