@@ -522,8 +522,9 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
         begin += n;
       }
       p.recv_count[e] = begin;
-      if (p.cumulative_recv_count != nullptr) p.cumulative_recv_count[e] += begin;
+      if (ok && p.cumulative_recv_count != nullptr) p.cumulative_recv_count[e] += begin;
     }
+    ok = __syncthreads_and(ok);  // warp-uniform again: the work items use warp collectives
   }
   // Work items: (message, part), parts chosen so that every warp of the grid has about one.
   const int messages = R * v.max_tokens;
