@@ -43,20 +43,29 @@ __device__ inline bool is_masked(const LlView& v, int r) {
 
 enum class PeerWait { arrived, masked, failed };
 
-// A bounded wait until *flag >= expected for peer r, skipped when r is masked. With mask_on_timeout, a
-// wait on another rank that expires masks it (rank_mask and its host mirror) instead of failing the
-// team; a wait also ends when r gets masked meanwhile. `failed`: the team failed.
+// A bounded wait for peer r, skipped when r is masked: wait(give_up) is a transport wait (spin_until or
+// its forms) given r's rank mask as give_up under mask_on_timeout. Then a wait on another rank that
+// expires masks it (rank_mask and its host mirror) instead of failing the team, and a wait also ends
+// when r gets masked meanwhile. `failed`: the team failed.
+template <typename Wait>
+__device__ PeerWait wait_for_peer_with(const LlView& v, int r, Wait wait) {
+  if (is_masked(v, r)) return PeerWait::masked;
+  uint32_t* give_up = v.mask_on_timeout && r != v.team.rank ? v.rank_mask_of(r) : nullptr;
+  if (wait(give_up)) return PeerWait::arrived;
+  if (give_up == nullptr || team_failed(v.team)) return PeerWait::failed;
+  atomicExch(&v.host_report->masked[r], 1u);
+  return PeerWait::masked;
+}
+
+// wait_for_peer_with until *flag >= expected.
 __device__ inline PeerWait wait_for_peer(const LlView& v, int r, const uint64_t* flag, uint64_t expected,
                                          transport::WaitSite site) {
   const bool masked = is_masked(v, r);  // both loads in flight at once
   const bool here = transport::load_acquire_sys(flag) >= expected;
   if (masked) return PeerWait::masked;
   if (here) return PeerWait::arrived;
-  uint32_t* give_up = v.mask_on_timeout && r != v.team.rank ? v.rank_mask_of(r) : nullptr;
-  if (transport::wait_at_least(v.team, flag, expected, site, give_up)) return PeerWait::arrived;
-  if (give_up == nullptr || team_failed(v.team)) return PeerWait::failed;
-  atomicExch(&v.host_report->masked[r], 1u);
-  return PeerWait::masked;
+  return wait_for_peer_with(
+      v, r, [&](uint32_t* give_up) { return transport::wait_at_least(v.team, flag, expected, site, give_up); });
 }
 
 // Stamped words (core::LlWord): one 8-byte access each (a 16-byte access is two of them), volatile, so
@@ -80,30 +89,16 @@ __device__ __forceinline__ ulonglong2 load_words(const core::LlWord* p) {
 __device__ __forceinline__ bool has_stamp(core::LlWord w, uint32_t stamp) { return uint32_t(w >> 32) == stamp; }
 __device__ __forceinline__ uint32_t data_of(core::LlWord w) { return uint32_t(w); }
 
-// This thread spins until arrived() (which loads stamped words of source s into the caller's variables
-// and says whether each carries the call's stamp; `last_seen()` the word to report if not), bounded like
-// transport::wait_until: a source masked meanwhile ends it (masked); so does an expired wait with
-// mask_on_timeout, which masks s; any other expired wait fails the team (failed).
+// This thread waits (wait_for_peer_with) until arrived(), which loads stamped words of source s into
+// the caller's variables and says whether each carries the call's stamp; last_seen() is the word to
+// report if not. The words need no acquire: each vouches for its own data.
 template <typename Arrived, typename LastSeen>
 __device__ PeerWait wait_for_words(const LlView& v, int s, uint32_t stamp, Arrived arrived, LastSeen last_seen,
                                    transport::WaitSite site) {
-  uint64_t start = 0;
-  for (uint32_t spin = 0;; ++spin) {
-    if (arrived()) return PeerWait::arrived;
-    if ((spin & 1023u) != 1023u) continue;
-    if (is_masked(v, s)) return PeerWait::masked;
-    if (transport::team_failed(v.team)) return PeerWait::failed;
-    const uint64_t now = transport::global_timer_ns();
-    if (start == 0) start = now;
-    if (now - start <= v.team.timeout_ns) continue;
-    if (v.mask_on_timeout && s != v.team.rank) {
-      atomicExch(v.rank_mask_of(s), 1u);
-      atomicExch(&v.host_report->masked[s], 1u);
-      return PeerWait::masked;
-    }
-    transport::report_timeout(v.team, site, core::ll_word(stamp, 0), last_seen(), now - start);
-    return PeerWait::failed;
-  }
+  if (arrived()) return PeerWait::arrived;
+  return wait_for_peer_with(v, s, [&](uint32_t* give_up) {
+    return transport::spin_until(v.team, arrived, core::ll_word(stamp, 0), last_seen, site, give_up);
+  });
 }
 
 // The whole warp waits until every peer has freed `set` of `op` after its previous use. Returns false

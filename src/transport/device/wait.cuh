@@ -1,6 +1,6 @@
-// The bounded wait of the library: every device-side spin on a flag or word goes through wait_until
-// (wait_at_least, its usual form, waits for a counter); mbarrier_wait (bulk_copy.cuh), the wait for
-// the copy engine, bounds its own spin the same way.
+// The bounded wait of the library: every device-side spin on a flag or word goes through spin_until
+// (wait_until for one flag; wait_at_least, its usual form, waits for a counter); mbarrier_wait (bulk_copy.cuh), the
+// wait for the copy engine, bounds its own spin the same way.
 #pragma once
 
 #include <cstdint>
@@ -38,14 +38,41 @@ __device__ inline bool team_failed(const TeamView& team) {
   return load_relaxed_sys(&team.control_of(team.rank)->failed) != 0u;
 }
 
-// Spins until reached(*flag), then returns with acquire semantics (system scope): what the writer
-// published before its release is visible. Returns false, having recorded why (`expected` is what the
-// report shows as awaited), when the team's timeout expires or another wait of this team has already
-// expired. Callers must then stop their work and return: the team is failed.
+// Spins until arrived() (which polls what the caller waits for). Returns false, having recorded why
+// (`expected` and observed() are what the report shows as awaited and seen), when the team's timeout
+// expires or another wait of this team has already expired. Callers must then stop their work and
+// return: the team is failed.
 //
 // With `give_up` (the LL rank mask of the peer waited for): the wait also returns false once *give_up is
 // nonzero (another wait masked the peer, or the host did), and on expiry it sets *give_up = 1 instead
 // of failing the team; the caller goes on without that peer.
+template <typename Arrived, typename Observed>
+__device__ bool spin_until(const TeamView& team, Arrived arrived, uint64_t expected, Observed observed,
+                           const WaitSite& site, uint32_t* give_up = nullptr) {
+  // The clock and the failure word are read only every 1024 spins (they are slower than what is polled);
+  // the clock starts at the first such read, so the bound is the timeout plus at most 1024 spins.
+  uint64_t start = 0;
+  for (uint32_t spin = 1;; ++spin) {
+    if (arrived()) return true;
+    if ((spin & 1023u) == 0u) {
+      const uint64_t now = global_timer_ns();
+      if (start == 0) start = now;
+      if (now - start > team.timeout_ns) {
+        if (give_up != nullptr) {
+          atomicExch(give_up, 1u);
+        } else {
+          report_timeout(team, site, expected, observed(), now - start);
+        }
+        return false;
+      }
+      if (team_failed(team)) return false;
+      if (give_up != nullptr && load_relaxed_sys(give_up) != 0u) return false;
+    }
+  }
+}
+
+// spin_until for one flag: spins until reached(*flag), then returns with acquire semantics (system
+// scope): what the writer published before its release is visible.
 //
 // The spin polls with relaxed loads, which are cheaper than acquire loads; once the value is there, one
 // acquire load of the same flag orders what follows (the writers only move a flag on to values that
@@ -54,29 +81,12 @@ template <typename Reached>
 __device__ bool wait_until(const TeamView& team, const uint64_t* flag, Reached reached, uint64_t expected,
                            const WaitSite& site, uint32_t* give_up = nullptr) {
   if (reached(load_acquire_sys(flag))) return true;
-  // The clock and the failure word are read only every 1024 spins (they are slower than the flag); the clock
-  // starts at the first such read, so the bound is the timeout plus at most 1024 spins.
-  uint64_t start = 0;
-  for (uint32_t spin = 1;; ++spin) {
-    if (reached(load_relaxed_sys(flag))) {
-      load_acquire_sys(flag);
-      return true;
-    }
-    if ((spin & 1023u) == 0u) {
-      const uint64_t now = global_timer_ns();
-      if (start == 0) start = now;
-      if (now - start > team.timeout_ns) {
-        if (give_up != nullptr) {
-          atomicExch(give_up, 1u);
-        } else {
-          report_timeout(team, site, expected, load_relaxed_sys(flag), now - start);
-        }
-        return false;
-      }
-      if (team_failed(team)) return false;
-      if (give_up != nullptr && load_relaxed_sys(give_up) != 0u) return false;
-    }
-  }
+  const auto relaxed = [flag] { return load_relaxed_sys(flag); };
+  if (!spin_until(
+          team, [&] { return reached(relaxed()); }, expected, relaxed, site, give_up))
+    return false;
+  load_acquire_sys(flag);
+  return true;
 }
 
 // Spins until *flag >= expected: a counter that only grows (see wait_until).
