@@ -14,6 +14,7 @@
 #include "bench/check.hpp"
 #include "bench/device_data.hpp"
 #include "bench/inputs.hpp"
+#include "bench/phase_trace_report.hpp"
 #include "bench/team_sync.hpp"
 #include "bench/timing.hpp"
 #include "core/cuda_check.hpp"
@@ -22,7 +23,6 @@
 #include "epx/reference/ht.hpp"
 #include "epx/reference/layout.hpp"
 #include "transport/device/phase_trace.hpp"
-#include "transport/team_impl.hpp"
 
 namespace epx::bench {
 namespace {
@@ -245,41 +245,18 @@ class HtBench {
     return rows;
   }
 
-  // --trace (a build with -DEPX_PHASE_TRACE=ON): each dispatch form called eagerly kTraceCalls
-  // times, each call's phase stamps read back; prints, per rank, the median of each point in us from
-  // the call's first stamp (the layout's start; the dispatch's for the cached form).
+  // --trace: each dispatch form's phase trace (print_phase_trace), from the layout's start (the
+  // dispatch's for the cached form).
   void trace_dispatch() {
-    constexpr int kTraceCalls = 21;
     const HtDispatchArgs cached = cached_args();
     const std::pair<const char*, HtDispatchArgs> forms[] = {
         {"dispatch_bf16", bf16_args()}, {"dispatch_fp8", fp8_args()}, {"dispatch_cached", cached}};
     for (const auto& [name, args] : forms) {
-      std::vector<std::vector<double>> us(transport::kTracePoints);
-      for (int call = 0; call < kTraceCalls; ++call) {
-        team_.impl().reset_trace(stream());
-        before_call(stream());
-        buffer_.dispatch(args, HtStreams{stream()});
-        check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
-        const std::vector<uint64_t> stamps = team_.impl().read_trace();
-        const auto first =
-            args.cached ? transport::TracePoint::ht_dispatch_start : transport::TracePoint::ht_layout_start;
-        if (stamps[int(first)] == UINT64_MAX) continue;  // no reference point: the call did not run
-        for (int p = 0; p < transport::kTracePoints; ++p) {
-          const bool reached = stamps[p] != 0 && stamps[p] != UINT64_MAX;
-          if (reached) us[p].push_back((double(stamps[p]) - double(stamps[int(first)])) / 1000.0);
-        }
-      }
-      std::string line = "trace rank " + std::to_string(me_) + " " + name + ":";
-      for (int p = 0; p < transport::kTracePoints; ++p) {
-        if (us[p].empty()) continue;
-        char point[96];
-        std::snprintf(point, sizeof point, " %s=%.2f", transport::kTracePointNames[p], summarize(us[p]).median_us);
-        line += point;
-      }
-      std::printf("%s\n", line.c_str());
-      std::fflush(stdout);
+      print_phase_trace(
+          team_, stream(), name,
+          args.cached ? transport::TracePoint::ht_dispatch_start : transport::TracePoint::ht_layout_start,
+          [&] { before_call(stream()); }, [&] { buffer_.dispatch(args, HtStreams{stream()}); });
     }
-    team_.check_device_errors();
   }
 
   cudaStream_t stream() const { return stream_.get(); }

@@ -14,6 +14,7 @@
 #include "bench/check.hpp"
 #include "bench/device_data.hpp"
 #include "bench/inputs.hpp"
+#include "bench/phase_trace_report.hpp"
 #include "bench/team_sync.hpp"
 #include "bench/timing.hpp"
 #include "core/cuda_check.hpp"
@@ -350,6 +351,16 @@ class LlBench {
   // For each of kLlTuneSms up to the smallest SM count of any rank (every rank tries the same ones, in
   // the same order): sets num_sms, checks dispatch FP8 and combine (local) again, then times them.
   // Returns per setting {combine, dispatch}; throws when a setting's outputs differ on any rank.
+  // --trace: the phase trace (print_phase_trace) of dispatch FP8 and BF16, each call after a team barrier.
+  void trace_dispatch() {
+    for (const bool fp8 : {true, false}) {
+      print_phase_trace(
+          team_, stream(), fp8 ? "ll_dispatch_fp8" : "ll_dispatch_bf16", transport::TracePoint::ll_dispatch_start,
+          [&] { enqueue_team_barrier(team_, stream()); },
+          [&] { buffer_.dispatch(dispatch_args(fp8), Streams{stream()}); });
+    }
+  }
+
   std::vector<RankTiming> tune(std::vector<int>& settings) {
     int sm_count = 0;
     check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, team_.device()),
@@ -528,6 +539,9 @@ void validate_ll_bench_options(const LlBenchOptions& o, int ranks) {
   require(o.num_sms >= 0, "--ll-sms must be >= 0 (0: the library's default)");
   require(o.replays >= 1 && o.warmup >= 0 && (o.warmup + o.replays) % 2 == 0,
           "replays must be >= 1, with warmup + replays even");
+#ifndef EPX_PHASE_TRACE
+  require(!o.trace, "--trace needs a build with cmake -DEPX_PHASE_TRACE=ON");
+#endif
 }
 
 LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
@@ -564,6 +578,7 @@ LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
     row.checked = true;  // only reached when every rank's check passed
     result.rows.push_back(row);
   }
+  if (options.trace) bench.trace_dispatch();  // before tune(), which leaves the last num_sms it tried
   if (options.tune) {
     if (team.rank() == 0) {
       std::printf("LL: tuning num_sms (each setting checked against the outputs above)...\n");

@@ -37,6 +37,7 @@
 #include "kernels/common/topk.cuh"
 #include "kernels/ll/ll_view.hpp"
 #include "kernels/ll/protocol.cuh"
+#include "transport/device/phase_trace.hpp"
 #include "transport/device/wait.cuh"
 
 namespace epx::kernels::ll {
@@ -45,11 +46,16 @@ namespace {
 constexpr int kThreads = 512;
 static_assert(kThreads >= kMaxNvlinkRanks, "send() loads one rank's mask per thread");
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kColsPerLane = 16;                       // two 16-byte vectors of BF16
-constexpr int kColsPerItem = kWarp * kColsPerLane;     // a send work item: 512 columns of one token
-constexpr int kGroup = 128;                            // columns per FP8 scale
-constexpr int kLanesPerGroup = kGroup / kColsPerLane;  // 8
-constexpr int kCopyBatch = 8;                          // vectors each lane loads before it stores
+constexpr int kColsPerItem = 512;     // a send work item: 512 columns of one token
+constexpr int kGroup = 128;           // columns per FP8 scale
+constexpr int kPieceBytes = 8;        // row bytes in one stamped store of two words (16 bytes)
+constexpr int kPieceBatch = 16;       // pieces each receiving lane loads before it stores
+// The send's lane mapping. Stamped words double the bytes, and NVLink wants every store instruction of
+// a warp to cover whole 32-byte sectors: so store j of lane i carries row bytes [256 j + 8 i, +8) of the
+// item (a warp's store: 512 contiguous bytes), and the lane loads just the columns those bytes hold.
+constexpr int kBf16Pieces = kColsPerItem * 2 / (kWarp * kPieceBytes);  // 4: columns 128 j + 4 i, 4 each
+constexpr int kFp8Pieces = kColsPerItem / (kWarp * kPieceBytes);       // 2: columns 256 j + 8 i, 8 each
+constexpr int kFp8LanesPerGroup = kGroup / kPieceBytes;                // 16 lanes share a scale group
 constexpr float kAmaxFloor = 1e-4f;
 constexpr float kE4m3Max = 448.0f;
 
@@ -92,23 +98,23 @@ __device__ void unpack_bf16(const uint4& v, float* out) {
   }
 }
 
-// This lane's 16 columns as FP8 (one 16-byte vector) and its group's scale; all lanes take part.
-__device__ uint4 cast_to_fp8(const uint4 (&raw)[2], bool round_scale, float* scale_out) {
-  float f[kColsPerLane];
-  unpack_bf16(raw[0], f);
-  unpack_bf16(raw[1], f + 8);
+// This lane's 8 columns (16 bytes of BF16) as FP8 (8 bytes) and their group's scale; the 16 lanes of a
+// half-warp form one group, and all lanes take part.
+__device__ uint2 cast_to_fp8(const uint4& raw, bool round_scale, float* scale_out) {
+  float f[8];
+  unpack_bf16(raw, f);
   float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kColsPerLane; ++i) amax = fmaxf(amax, fabsf(f[i]));
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[i]));
 #pragma unroll
-  for (int offset = kLanesPerGroup / 2; offset > 0; offset /= 2) {
+  for (int offset = kFp8LanesPerGroup / 2; offset > 0; offset /= 2) {
     amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, offset));
   }
   const float scale = fp8_scale(amax, round_scale);
   const float inv = 1.0f / scale;
-  uint32_t words[4];
+  uint32_t words[2];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 2; ++i) {
     uint32_t word = 0;
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
@@ -118,7 +124,7 @@ __device__ uint4 cast_to_fp8(const uint4 (&raw)[2], bool round_scale, float* sca
     words[i] = word;
   }
   *scale_out = scale;
-  return make_uint4(words[0], words[1], words[2], words[3]);
+  return make_uint2(words[0], words[1]);
 }
 
 // Lane k: how many of my tokens before t name slot k's expert (`expert`, -1: none), from the staged
@@ -214,19 +220,30 @@ __device__ bool ensure_set_free(const DispatchParams& p, uint64_t seq, bool& fre
   return free;
 }
 
-// One warp: 512 columns of token t to every destination rank. Returns false when the team failed.
+// One warp: 512 columns of token t to every destination rank, in the lane mapping above. Returns false
+// when the team failed.
 __device__ bool send_columns(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int chunk,
                              bool& free) {
   const uint32_t stamp = core::ll_stamp(seq);
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp;
-  const int col = chunk * kColsPerItem + lane * kColsPerLane;
-  const bool active = col < p.hidden;  // H % 128 == 0: a scale group is all active or all idle
-  uint4 raw[2] = {};
-  if (active) {
-    const uint4* src = reinterpret_cast<const uint4*>(p.x + t * p.x_row_stride + col);
-    raw[0] = src[0];
-    raw[1] = src[1];
+  const int base = chunk * kColsPerItem;
+  const uint16_t* row = p.x + t * p.x_row_stride;
+  // H % 128 == 0: a piece's columns (and an FP8 scale group) are all in the row or all past its end.
+  uint2 bf16[kBf16Pieces] = {};
+  uint4 wide[kFp8Pieces] = {};
+  if (p.fp8) {
+#pragma unroll
+    for (int j = 0; j < kFp8Pieces; ++j) {
+      const int col = base + 256 * j + 8 * lane;
+      if (col < p.hidden) wide[j] = *reinterpret_cast<const uint4*>(row + col);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kBf16Pieces; ++j) {
+      const int col = base + 128 * j + 4 * lane;
+      if (col < p.hidden) bf16[j] = *reinterpret_cast<const uint2*>(row + col);
+    }
   }
   const int64_t expert = lane < p.topk ? experts[t * p.topk + lane] : -1;
   const int rank = expert >= 0 ? int(expert / v.experts_per_rank()) : -1;
@@ -234,24 +251,31 @@ __device__ bool send_columns(const DispatchParams& p, const int16_t* experts, ui
   const uint32_t leaders = __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1);
   if (!ensure_set_free(p, seq, free)) return false;
   if (chunk == 0) write_routing(p, experts, stamp, t, expert, rank, leaders);
-  float scale = 0.0f;
-  const uint4 fp8 = p.fp8 ? cast_to_fp8(raw, p.round_scale, &scale) : uint4{};
+  uint2 fp8[kFp8Pieces] = {};
+  float scale[kFp8Pieces] = {};
+  if (p.fp8) {
+#pragma unroll
+    for (int j = 0; j < kFp8Pieces; ++j) fp8[j] = cast_to_fp8(wide[j], p.round_scale, &scale[j]);
+  }
   for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
-    if (!active) continue;
     LlWord* words = v.payload(dest, p.set, v.team.rank, t);  // word i: bytes [4 i, 4 i + 4) of the row
     if (p.fp8) {
-      LlWord* at = words + col / 4;
-      store_words(at, core::ll_word(stamp, fp8.x), core::ll_word(stamp, fp8.y));
-      store_words(at + 2, core::ll_word(stamp, fp8.z), core::ll_word(stamp, fp8.w));
-      if (lane % kLanesPerGroup == 0)
-        store_word(words + p.hidden / 4 + col / kGroup, core::ll_word(stamp, __float_as_uint(scale)));
-    } else {
-      const uint32_t* data = &raw[0].x;  // raw[0] and raw[1]: 8 words
-      LlWord* at = words + col / 2;
 #pragma unroll
-      for (int i = 0; i < 8; i += 2)
-        store_words(at + i, core::ll_word(stamp, data[i]), core::ll_word(stamp, data[i + 1]));
+      for (int j = 0; j < kFp8Pieces; ++j) {
+        const int col = base + 256 * j + 8 * lane;  // FP8: byte = column
+        if (col >= p.hidden) continue;
+        store_words(words + col / 4, core::ll_word(stamp, fp8[j].x), core::ll_word(stamp, fp8[j].y));
+        if (lane % kFp8LanesPerGroup == 0)
+          store_word(words + p.hidden / 4 + col / kGroup, core::ll_word(stamp, __float_as_uint(scale[j])));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kBf16Pieces; ++j) {
+        const int col = base + 128 * j + 4 * lane;  // BF16: byte = 2 column
+        if (col < p.hidden)
+          store_words(words + col / 2, core::ll_word(stamp, bf16[j].x), core::ll_word(stamp, bf16[j].y));
+      }
     }
   }
   return true;
@@ -325,15 +349,18 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
     }
     __syncthreads();
   }
+  if (threadIdx.x == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_staged);
   bool free = false;  // this warp has seen the set freed by every peer
   const bool counting = blockIdx.x == gridDim.x - 1;
   bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
+  if (counting && threadIdx.x % kWarp == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_counts_sent);
   // Column items: the counting CTA's warps last.
   const int chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
   const int warps = gridDim.x * kWarps;
   for (int i = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && i < p.num_tokens * chunks; i += warps) {
     ok = send_columns(p, experts, seq, i / chunks, i % chunks, free);
   }
+  if (threadIdx.x % kWarp == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_sent);
 }
 
 // ---- Receive ----
@@ -426,6 +453,7 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
   bool failed = false;
   const MessageRows m = message_rows(p, masked, stamp, s, t, failed);
   if (failed) return false;
+  if (lane == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_routed);
   if (part == 0) {
     if (lane == 0) *v.message_slots_of(p.set, s, t) = m.slots;
     if ((m.slots >> lane) & 1u) {
@@ -437,36 +465,37 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
   if (m.slots == 0u) return true;
   const LlWord* payload = v.payload(me, p.set, s, t);
   const int row_bytes = p.fp8 ? p.hidden : 2 * p.hidden;
-  const int vectors = row_bytes / 16;
-  const int per_part = (vectors + parts - 1) / parts;
-  const int first = part * per_part, last = min(vectors, first + per_part);
+  // Piece u of the row: row bytes [8 u, 8 u + 8), stamped words 2 u and 2 u + 1 (one 16-byte load; a
+  // warp's load covers 512 contiguous bytes, as the send's stores do).
+  const int pieces = row_bytes / kPieceBytes;
+  const int per_part = (pieces + parts - 1) / parts;
+  const int first = part * per_part, last = min(pieces, first + per_part);
   char* out = static_cast<char*>(p.out_x);
-  uint4 batch[kCopyBatch];
-  for (int base = first; base < last; base += kWarp * kCopyBatch) {
-    // Vector u of the row is stamped words 4 u .. 4 u + 3.
-    ulonglong2 seen = {0, 0};
+  uint2 batch[kPieceBatch];
+  for (int base = first; base < last; base += kWarp * kPieceBatch) {
+    LlWord seen = 0;
     const PeerWait got = wait_for_words(
         v, s, stamp,
         [&] {
           bool all = true;
 #pragma unroll
-          for (int b = 0; b < kCopyBatch; ++b) {
+          for (int b = 0; b < kPieceBatch; ++b) {
             const int u = base + b * kWarp + lane;
             if (u >= last) continue;
-            const ulonglong2 lo = load_words(payload + 4 * u), hi = load_words(payload + 4 * u + 2);
-            all &= has_stamp(lo.x, stamp) && has_stamp(lo.y, stamp) && has_stamp(hi.x, stamp) && has_stamp(hi.y, stamp);
-            batch[b] = make_uint4(data_of(lo.x), data_of(lo.y), data_of(hi.x), data_of(hi.y));
-            seen = lo;
+            const ulonglong2 w = load_words(payload + 2 * u);
+            all &= has_stamp(w.x, stamp) && has_stamp(w.y, stamp);
+            batch[b] = make_uint2(data_of(w.x), data_of(w.y));
+            seen = w.x;
           }
           return all;
         },
-        [&] { return seen.x; }, transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
+        [&] { return seen; }, transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
     if (__any_sync(~0u, got == PeerWait::failed)) return false;
     if (!__all_sync(~0u, got == PeerWait::arrived)) return true;  // s got masked: its rows stay unwritten
     for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
-      uint4* row = reinterpret_cast<uint4*>(out + int64_t(__shfl_sync(~0u, m.row, __ffs(rest) - 1)) * row_bytes);
+      uint2* row = reinterpret_cast<uint2*>(out + int64_t(__shfl_sync(~0u, m.row, __ffs(rest) - 1)) * row_bytes);
 #pragma unroll
-      for (int b = 0; b < kCopyBatch; ++b) {
+      for (int b = 0; b < kPieceBatch; ++b) {
         const int u = base + b * kWarp + lane;
         if (u < last) row[u] = batch[b];
       }
@@ -525,6 +554,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
       if (ok && p.cumulative_recv_count != nullptr) p.cumulative_recv_count[e] += begin;
     }
     ok = __syncthreads_and(ok);  // warp-uniform again: the work items use warp collectives
+    if (threadIdx.x == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_outputs);
   }
   // Work items: (message, part), parts chosen so that every warp of the grid has about one.
   const int messages = R * v.max_tokens;
@@ -533,6 +563,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = item / parts;
     ok = receive_message(p, masked, stamp, message / v.max_tokens, message % v.max_tokens, item % parts, parts);
+    if (threadIdx.x % kWarp == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_received);
   }
   // "freed" goes to the sources not masked now (one may have been masked while the step ran).
   __shared__ bool masked_now[kMaxNvlinkRanks];
@@ -542,9 +573,11 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
 }
 
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
+  if (threadIdx.x == 0) transport::trace(p.v.team, transport::TracePoint::ll_dispatch_start);
   const uint64_t seq = call_sequence(p.v, core::kLlDispatch, p.set);
   if (p.phases & kSend) send(p, seq);
   if (p.phases & kReceive) receive(p, seq);
+  if (threadIdx.x == 0) transport::trace(p.v.team, transport::TracePoint::ll_dispatch_end);
 }
 
 }  // namespace

@@ -32,6 +32,14 @@ enum class TracePoint : int {
   ht_dispatch_stores_done,   // every warp's stores are done
   ht_dispatch_signalled,     // the last CTA has signalled the peers
   ht_dispatch_end,           // every peer's rows are here
+  ll_dispatch_start,         // LL dispatch (sends and receive in one launch): its first CTA has started
+  ll_dispatch_staged,        // every CTA has staged the top-k table
+  ll_dispatch_counts_sent,   // the last CTA has written the counts and manifests
+  ll_dispatch_sent,          // every warp has issued its column items' stores
+  ll_dispatch_routed,        // every receive item has its message's routing (manifest, header, counts)
+  ll_dispatch_received,      // every receive item has stored its payload
+  ll_dispatch_outputs,       // CTA 0 has written the per-expert outputs
+  ll_dispatch_end,           // every CTA is done (the last one after its "freed" signals)
   count
 };
 inline constexpr int kTracePoints = int(TracePoint::count);
@@ -39,10 +47,12 @@ inline constexpr const char* kTracePointNames[] = {
     "layout_start",         "layout_ticket",        "layout_counted",     "layout_published",
     "layout_bases",         "layout_end",           "dispatch_start",     "dispatch_layout_done",
     "dispatch_counts_cta0", "dispatch_reported",    "dispatch_counts",    "dispatch_first_stores",
-    "dispatch_last_stores", "dispatch_stores_done", "dispatch_signalled", "dispatch_end"};
+    "dispatch_last_stores", "dispatch_stores_done", "dispatch_signalled", "dispatch_end",
+    "ll_start",             "ll_staged",            "ll_counts_sent",     "ll_sent",
+    "ll_routed",            "ll_received",          "ll_outputs",         "ll_end"};
 static_assert(sizeof(kTracePointNames) / sizeof(kTracePointNames[0]) == kTracePoints, "a name for every point");
 inline constexpr bool trace_keeps_earliest(TracePoint p) {
-  return p == TracePoint::ht_layout_start || p == TracePoint::ht_dispatch_start;
+  return p == TracePoint::ht_layout_start || p == TracePoint::ht_dispatch_start || p == TracePoint::ll_dispatch_start;
 }
 
 #ifdef __CUDACC__
