@@ -11,11 +11,12 @@
 //     * Counts and manifests (the last CTA, before its columns): expert_counts(r, set, me) = my tokens
 //       per local expert of r; manifest(r, set, me) word j, bit i: my token 32 j + i sends r a
 //       message (every word, for every rank r not masked).
-//     * Columns (every warp), token t and 512 columns: payload(r, set, me, t) = the row (BF16, or FP8
-//       cast once here, then its float scales) for every destination rank r of t. The warp of the
-//       first columns also writes header(r, set, me, t): slots, unique_slots, and per slot the expert,
-//       weight and block_row (how many of my tokens before t name that expert: t's place among them),
-//       and home(set, t) (t's destination ranks ascending and valid slots, for combine).
+//     * Routing (a warp per token t, the first work items): header(r, set, me, t) for every
+//       destination rank r of t: slots, unique_slots, and per slot the expert, weight and block_row
+//       (how many of my tokens before t name that expert: t's place among them); and home(set, t)
+//       (t's destination ranks ascending and valid slots, for combine).
+//     * Columns (a warp per token t and 512 columns): payload(r, set, me, t) = the row (BF16, or FP8
+//       cast once here, then its float scales) for every destination rank r of t.
 //     All of them plain 8-byte (or two-word 16-byte) volatile stores over NVLink, in no order.
 //   Receive (rank me). A source masked when the step starts (the CTA's view; a masked source counts as
 //   having sent nothing, see protocol.cuh) is not read. Warps take (message, part of its payload) work
@@ -23,8 +24,9 @@
 //   nothing. Else it waits for the header's words, and for the counts expert_counts(me, set, s')[e] of
 //   each of its slots' experts e and every unmasked s' < s: expert e's rows are source ranks ascending,
 //   tokens ascending, so the message goes to row begin(e, s) + block_row of every unique slot naming e,
-//   begin(e, s) being the sum of those counts. Then it waits for each payload word of its part as it
-//   loads it, and stores the part into every row; src_idx too. CTA 0 writes layout_range, recv_count
+//   begin(e, s) being the sum of those counts. Then it waits for the payload words of its part, and
+//   stores the part into every row; src_idx too. The part's loads (manifest word, header, first payload
+//   words, scales) all go out before the first wait: a word loaded early vouches for itself as well. CTA 0 writes layout_range, recv_count
 //   and the statistics (waiting for every source's counts). What combine needs of each message (slots,
 //   each slot's packed row and weight; slots 0 for a token that sent nothing) is kept in private
 //   memory, so the set is not read after this step. Then the last CTA signals freed to every source.
@@ -49,7 +51,7 @@ constexpr int kWarps = kThreads / kWarp;
 constexpr int kColsPerItem = 512;     // a send work item: 512 columns of one token
 constexpr int kGroup = 128;           // columns per FP8 scale
 constexpr int kPieceBytes = 8;        // row bytes in one stamped store of two words (16 bytes)
-constexpr int kPieceBatch = 16;       // pieces each receiving lane loads before it stores
+constexpr int kPieceBatch = 8;        // pieces each receiving lane loads before it stores
 // The send's lane mapping. Stamped words double the bytes, and NVLink wants every store instruction of
 // a warp to cover whole 32-byte sectors: so store j of lane i carries row bytes [256 j + 8 i, +8) of the
 // item (a warp's store: 512 contiguous bytes), and the lane loads just the columns those bytes hold.
@@ -176,8 +178,8 @@ __device__ void write_header(LlWord* header, uint32_t stamp, uint32_t slots, uin
   if (lane < kLlHeaderWords - kWarp) store_word(header + kWarp + lane, ll_word(stamp, weight_above));
 }
 
-// The first columns' warp of token t: the headers of its messages and its home record. Lane k holds
-// slot k's expert and rank; `leaders`: the lowest lane of each destination rank.
+// Token t's headers (one per destination rank) and its home record. Lane k holds slot k's expert and
+// rank; `leaders`: the lowest lane of each destination rank.
 __device__ void write_routing(const DispatchParams& p, const int16_t* experts, uint32_t stamp, int t, int64_t expert,
                               int rank, uint32_t leaders) {
   const LlView& v = p.v;
@@ -220,43 +222,75 @@ __device__ bool ensure_set_free(const DispatchParams& p, uint64_t seq, bool& fre
   return free;
 }
 
-// One warp: 512 columns of token t to every destination rank, in the lane mapping above. Returns false
-// when the team failed.
-__device__ bool send_columns(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int chunk,
-                             bool& free) {
-  const uint32_t stamp = core::ll_stamp(seq);
-  const LlView& v = p.v;
+// A send item's columns as they go on the wire (the lane mapping above): BF16 pieces, or FP8 pieces
+// (the first kFp8Pieces) and their groups' scales.
+struct ItemColumns {
+  uint2 piece[kBf16Pieces];
+  float scale[kFp8Pieces];
+};
+
+// One warp: loads (and for FP8 casts) the 512 columns of token t's item `chunk`. Needs no routing, so
+// a warp does it for its first item before the top-k table is staged.
+__device__ ItemColumns load_columns(const DispatchParams& p, int t, int chunk) {
   const int lane = threadIdx.x % kWarp;
   const int base = chunk * kColsPerItem;
   const uint16_t* row = p.x + t * p.x_row_stride;
+  ItemColumns c{};
   // H % 128 == 0: a piece's columns (and an FP8 scale group) are all in the row or all past its end.
-  uint2 bf16[kBf16Pieces] = {};
-  uint4 wide[kFp8Pieces] = {};
   if (p.fp8) {
+    uint4 wide[kFp8Pieces] = {};
 #pragma unroll
     for (int j = 0; j < kFp8Pieces; ++j) {
       const int col = base + 256 * j + 8 * lane;
       if (col < p.hidden) wide[j] = *reinterpret_cast<const uint4*>(row + col);
     }
+#pragma unroll
+    for (int j = 0; j < kFp8Pieces; ++j) c.piece[j] = cast_to_fp8(wide[j], p.round_scale, &c.scale[j]);
   } else {
 #pragma unroll
     for (int j = 0; j < kBf16Pieces; ++j) {
       const int col = base + 128 * j + 4 * lane;
-      if (col < p.hidden) bf16[j] = *reinterpret_cast<const uint2*>(row + col);
+      if (col < p.hidden) c.piece[j] = *reinterpret_cast<const uint2*>(row + col);
     }
   }
+  return c;
+}
+
+// Token t's destinations as a warp sees them: lane k, slot k's expert and its rank (-1 for none); the
+// lowest lane of each destination rank.
+struct TokenRanks {
+  int64_t expert;
+  int rank;
+  uint32_t leaders;
+};
+__device__ TokenRanks token_ranks(const DispatchParams& p, const int16_t* experts, int t) {
+  const int lane = threadIdx.x % kWarp;
   const int64_t expert = lane < p.topk ? experts[t * p.topk + lane] : -1;
-  const int rank = expert >= 0 ? int(expert / v.experts_per_rank()) : -1;
+  const int rank = expert >= 0 ? int(expert / p.v.experts_per_rank()) : -1;
   const uint32_t same_rank = __match_any_sync(~0u, rank);
-  const uint32_t leaders = __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1);
+  return {expert, rank, __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1)};
+}
+
+// One warp: token t's routing item (write_routing). Returns false when the team failed.
+__device__ bool send_routing(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, bool& free) {
+  const TokenRanks to = token_ranks(p, experts, t);
   if (!ensure_set_free(p, seq, free)) return false;
-  if (chunk == 0) write_routing(p, experts, stamp, t, expert, rank, leaders);
-  uint2 fp8[kFp8Pieces] = {};
-  float scale[kFp8Pieces] = {};
-  if (p.fp8) {
-#pragma unroll
-    for (int j = 0; j < kFp8Pieces; ++j) fp8[j] = cast_to_fp8(wide[j], p.round_scale, &scale[j]);
-  }
+  write_routing(p, experts, core::ll_stamp(seq), t, to.expert, to.rank, to.leaders);
+  return true;
+}
+
+// One warp: item `chunk` of token t (its columns `c`) to every destination rank. Returns false when
+// the team failed.
+__device__ bool send_columns(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int chunk,
+                             const ItemColumns& c, bool& free) {
+  const uint32_t stamp = core::ll_stamp(seq);
+  const LlView& v = p.v;
+  const int lane = threadIdx.x % kWarp;
+  const int base = chunk * kColsPerItem;
+  const TokenRanks to = token_ranks(p, experts, t);
+  const int rank = to.rank;
+  const uint32_t leaders = to.leaders;
+  if (!ensure_set_free(p, seq, free)) return false;
   for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
     LlWord* words = v.payload(dest, p.set, v.team.rank, t);  // word i: bytes [4 i, 4 i + 4) of the row
@@ -265,16 +299,16 @@ __device__ bool send_columns(const DispatchParams& p, const int16_t* experts, ui
       for (int j = 0; j < kFp8Pieces; ++j) {
         const int col = base + 256 * j + 8 * lane;  // FP8: byte = column
         if (col >= p.hidden) continue;
-        store_words(words + col / 4, core::ll_word(stamp, fp8[j].x), core::ll_word(stamp, fp8[j].y));
+        store_words(words + col / 4, core::ll_word(stamp, c.piece[j].x), core::ll_word(stamp, c.piece[j].y));
         if (lane % kFp8LanesPerGroup == 0)
-          store_word(words + p.hidden / 4 + col / kGroup, core::ll_word(stamp, __float_as_uint(scale[j])));
+          store_word(words + p.hidden / 4 + col / kGroup, core::ll_word(stamp, __float_as_uint(c.scale[j])));
       }
     } else {
 #pragma unroll
       for (int j = 0; j < kBf16Pieces; ++j) {
         const int col = base + 128 * j + 4 * lane;  // BF16: byte = 2 column
         if (col < p.hidden)
-          store_words(words + col / 2, core::ll_word(stamp, bf16[j].x), core::ll_word(stamp, bf16[j].y));
+          store_words(words + col / 2, core::ll_word(stamp, c.piece[j].x), core::ll_word(stamp, c.piece[j].y));
       }
     }
   }
@@ -334,6 +368,16 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
   int32_t* counts =
       reinterpret_cast<int32_t*>(reinterpret_cast<char*>(send_shared) + experts_table_bytes(p.num_tokens, p.topk));
   const LlView& v = p.v;
+  // Work items, in this order: token t's routing (its headers and home record: what a receiver waits
+  // for first), t < T; then the column items (token, chunk). With the default grid, every warp has at
+  // most one. A warp's first column item is loaded (and cast) before the table is staged: it needs no
+  // routing.
+  const int T = p.num_tokens, chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
+  const int items = T + T * chunks, warps = gridDim.x * kWarps;
+  const int first_item = blockIdx.x * kWarps + threadIdx.x / kWarp;
+  ItemColumns columns =
+      first_item >= T && first_item < items ? load_columns(p, (first_item - T) / chunks, (first_item - T) % chunks)
+                                            : ItemColumns{};
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
   // become -1 in a second pass (only when a rank is masked). The mask is loaded first, so that its
   // latency hides behind the table's (kThreads >= kMaxNvlinkRanks: one rank per thread).
@@ -354,11 +398,14 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
   const bool counting = blockIdx.x == gridDim.x - 1;
   bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
   if (counting && threadIdx.x % kWarp == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_counts_sent);
-  // Column items: the counting CTA's warps last.
-  const int chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
-  const int warps = gridDim.x * kWarps;
-  for (int i = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && i < p.num_tokens * chunks; i += warps) {
-    ok = send_columns(p, experts, seq, i / chunks, i % chunks, free);
+  for (int i = first_item; ok && i < items; i += warps) {
+    if (i < T) {
+      ok = send_routing(p, experts, seq, i, free);
+      continue;
+    }
+    const int t = (i - T) / chunks, chunk = (i - T) % chunks;
+    if (i != first_item) columns = load_columns(p, t, chunk);
+    ok = send_columns(p, experts, seq, t, chunk, columns, free);
   }
   if (threadIdx.x % kWarp == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_sent);
 }
@@ -390,6 +437,14 @@ __device__ PeerWait wait_words(const LlView& v, int s, uint32_t stamp, const LlW
       [&] { return out[0]; }, transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(detail)});
 }
 
+// wait_words for words already loaded into `out` once: done if each carries the stamp, else polled again.
+__device__ PeerWait settle_words(const LlView& v, int s, uint32_t stamp, const LlWord* at, int words, LlWord* out,
+                                 int detail) {
+  bool all = true;
+  for (int i = 0; i < words; ++i) all &= has_stamp(out[i], stamp);
+  return all ? PeerWait::arrived : wait_words(v, s, stamp, at, words, out, detail);
+}
+
 // The whole warp reads message (s, t)'s routing: whether t sent me a message (its manifest bit), then its
 // header, and for each slot the count of its expert on every unmasked source before s, to find its row
 // (see the protocol). `masked`: the CTA's view of the mask. `failed`: the team failed (on every lane).
@@ -401,16 +456,19 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   MessageRows m{0u, 0u, -1, 0.0f};
   failed = false;
   if (masked[s]) return m;
-  LlWord manifest = 0;
-  const PeerWait got = wait_words(v, s, stamp, v.manifest_of(me, p.set, s) + t / kWarp, 1, &manifest, t);
+  // The manifest word and the header are loaded together (the header only counts once the manifest
+  // bit says the message exists); lane w holds header word w, and lanes below kLlHeaderWords - 32 word
+  // 32 + w too.
+  const LlWord* manifest_at = v.manifest_of(me, p.set, s) + t / kWarp;
+  const LlWord* header = v.header(me, p.set, s, t);
+  const bool second = lane < kLlHeaderWords - kWarp;
+  LlWord manifest = load_word(manifest_at);
+  LlWord words[2] = {load_word(header + lane), second ? load_word(header + kWarp + lane) : 0};
+  const PeerWait got = settle_words(v, s, stamp, manifest_at, 1, &manifest, t);
   failed = __any_sync(~0u, got == PeerWait::failed);
   if (failed || !__all_sync(~0u, got == PeerWait::arrived) || ((data_of(manifest) >> (t % kWarp)) & 1u) == 0u) return m;
-  // Lane w holds header word w, and lanes below kLlHeaderWords - 32 word 32 + w too.
-  const LlWord* header = v.header(me, p.set, s, t);
-  LlWord words[2] = {0, 0};
-  const PeerWait h = wait_words(v, s, stamp, header + lane, 1, &words[0], t);
-  const PeerWait h2 = lane < kLlHeaderWords - kWarp ? wait_words(v, s, stamp, header + kWarp + lane, 1, &words[1], t)
-                                                    : PeerWait::arrived;
+  const PeerWait h = settle_words(v, s, stamp, header + lane, 1, &words[0], t);
+  const PeerWait h2 = second ? settle_words(v, s, stamp, header + kWarp + lane, 1, &words[1], t) : PeerWait::arrived;
   failed = __any_sync(~0u, h == PeerWait::failed || h2 == PeerWait::failed);
   if (failed || !__all_sync(~0u, h == PeerWait::arrived && h2 == PeerWait::arrived)) return m;
   const int k = lane % kLlMaxTopk;
@@ -427,13 +485,24 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   m.unique_slots = unique_slots;
   bool ok = true;
   if ((slots >> lane) & 1u) {
+    // The counts of up to kCountLoads earlier sources are loaded at once, then settled.
+    constexpr int kCountLoads = 4;
     int32_t begin = 0;
-    for (int earlier = 0; ok && earlier < s; ++earlier) {
-      if (masked[earlier]) continue;
-      LlWord count = 0;
-      const PeerWait c = wait_words(v, earlier, stamp, v.expert_counts_of(me, p.set, earlier) + e, 1, &count, e);
-      ok = c != PeerWait::failed;
-      if (c == PeerWait::arrived) begin += int32_t(data_of(count));
+    for (int first = 0; ok && first < s; first += kCountLoads) {
+      LlWord count[kCountLoads];
+#pragma unroll
+      for (int i = 0; i < kCountLoads; ++i) {
+        const int r = first + i;
+        count[i] = r < s && !masked[r] ? load_word(v.expert_counts_of(me, p.set, r) + e) : 0;
+      }
+#pragma unroll
+      for (int i = 0; i < kCountLoads; ++i) {
+        const int r = first + i;
+        if (r >= s || masked[r]) continue;
+        const PeerWait c = settle_words(v, r, stamp, v.expert_counts_of(me, p.set, r) + e, 1, &count[i], e);
+        ok = ok && c != PeerWait::failed;
+        if (c == PeerWait::arrived) begin += int32_t(data_of(count[i]));
+      }
     }
     m.row = int32_t(e * v.rows_per_expert() + begin + block_row);
     m.weight = weight;
@@ -442,14 +511,69 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   return m;
 }
 
-// One warp, part `part` of `parts` of message (s, t): part 0 records the message for combine
-// (message_slots, entry_rows, entry_weights) and src_idx, and copies the scales; every part copies its
-// share of the payload's 16-byte vectors (each four stamped words), each loaded once and stored into
-// every row it expands to. Returns false when the team failed.
+// A lane's share of a batch of payload pieces. Piece u of a row: row bytes [8 u, 8 u + 8), stamped words
+// 2 u and 2 u + 1 (one 16-byte load; a warp's load covers 512 contiguous bytes, as the send's stores do).
+// Batch pieces base + 32 b + lane, b < kPieceBatch, below `last`.
+struct PieceBatch {
+  uint2 data[kPieceBatch];
+  uint32_t missing;  // bit b: piece b has not arrived (yet)
+};
+
+// Loads the batch's pieces (all of them, or only the missing ones); returns whether all have arrived.
+__device__ bool load_pieces(const LlWord* payload, uint32_t stamp, int base, int last, bool only_missing,
+                            PieceBatch& batch) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int b = 0; b < kPieceBatch; ++b) {
+    const int u = base + b * kWarp + lane;
+    if (u >= last || (only_missing && ((batch.missing >> b) & 1u) == 0u)) continue;
+    const ulonglong2 w = load_words(payload + 2 * u);
+    const bool here = has_stamp(w.x, stamp) && has_stamp(w.y, stamp);
+    batch.data[b] = make_uint2(data_of(w.x), data_of(w.y));
+    batch.missing = here ? batch.missing & ~(1u << b) : batch.missing | (1u << b);
+  }
+  return batch.missing == 0u;
+}
+
+// The scale words a lane handles in the last part of an FP8 message: UE8M0, words 4 lane + b (one
+// output word of four exponents); else words lane + 32 b (one output word each). kScaleWords covers
+// kLlMaxHidden / 128 groups.
+constexpr int kScaleWords = 4;
+static_assert(core::kLlMaxHidden / kGroup <= kScaleWords * kWarp, "a lane's scale words cover every group");
+__device__ int scale_word(bool ue8m0, int b) {
+  const int lane = threadIdx.x % kWarp;
+  return ue8m0 ? 4 * lane + b : lane + kWarp * b;
+}
+
+// One warp, part `part` of `parts` of message (s, t). Every load of the part goes out before any wait:
+// the manifest word, the header, the first batch of its payload pieces and (last part of an FP8
+// message) the scales; a stamped word vouches for itself, so one loaded before the manifest bit was
+// seen is as good as one loaded after. What had not arrived is then polled, in the protocol's order.
+// Part 0 records the message for combine (message_slots, entry_rows, entry_weights) and src_idx; every
+// part copies its share of the pieces into every row the message expands to, and the last part of an
+// FP8 message the scales. Returns false when the team failed.
 __device__ bool receive_message(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t, int part,
                                 int parts) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
+  const LlWord* payload = v.payload(me, p.set, s, t);
+  const int row_bytes = p.fp8 ? p.hidden : 2 * p.hidden;
+  const int pieces = row_bytes / kPieceBytes;
+  const int per_part = (pieces + parts - 1) / parts;
+  const int first = part * per_part, last = min(pieces, first + per_part);
+  PieceBatch batch{{}, 0u};
+  load_pieces(payload, stamp, first, last, false, batch);
+  const bool scales_here = p.fp8 && part == parts - 1;
+  const LlWord* scales = payload + p.hidden / 4;  // scale g: word g
+  const int groups = p.hidden / kGroup;
+  LlWord scale[kScaleWords] = {};
+  if (scales_here) {
+#pragma unroll
+    for (int b = 0; b < kScaleWords; ++b) {
+      const int w = scale_word(p.ue8m0, b);
+      if (w < groups) scale[b] = load_word(scales + w);
+    }
+  }
   bool failed = false;
   const MessageRows m = message_rows(p, masked, stamp, s, t, failed);
   if (failed) return false;
@@ -463,33 +587,16 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
     }
   }
   if (m.slots == 0u) return true;
-  const LlWord* payload = v.payload(me, p.set, s, t);
-  const int row_bytes = p.fp8 ? p.hidden : 2 * p.hidden;
-  // Piece u of the row: row bytes [8 u, 8 u + 8), stamped words 2 u and 2 u + 1 (one 16-byte load; a
-  // warp's load covers 512 contiguous bytes, as the send's stores do).
-  const int pieces = row_bytes / kPieceBytes;
-  const int per_part = (pieces + parts - 1) / parts;
-  const int first = part * per_part, last = min(pieces, first + per_part);
   char* out = static_cast<char*>(p.out_x);
-  uint2 batch[kPieceBatch];
   for (int base = first; base < last; base += kWarp * kPieceBatch) {
-    LlWord seen = 0;
-    const PeerWait got = wait_for_words(
-        v, s, stamp,
-        [&] {
-          bool all = true;
-#pragma unroll
-          for (int b = 0; b < kPieceBatch; ++b) {
-            const int u = base + b * kWarp + lane;
-            if (u >= last) continue;
-            const ulonglong2 w = load_words(payload + 2 * u);
-            all &= has_stamp(w.x, stamp) && has_stamp(w.y, stamp);
-            batch[b] = make_uint2(data_of(w.x), data_of(w.y));
-            seen = w.x;
-          }
-          return all;
-        },
-        [&] { return seen; }, transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
+    if (base != first) load_pieces(payload, stamp, base, last, false, batch);
+    const PeerWait got =
+        batch.missing == 0u
+            ? PeerWait::arrived
+            : wait_for_words(
+                  v, s, stamp, [&] { return load_pieces(payload, stamp, base, last, true, batch); },
+                  [&] { return load_word(payload + 2 * (base + (__ffs(batch.missing) - 1) * kWarp + lane)); },
+                  transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
     if (__any_sync(~0u, got == PeerWait::failed)) return false;
     if (!__all_sync(~0u, got == PeerWait::arrived)) return true;  // s got masked: its rows stay unwritten
     for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
@@ -497,34 +604,39 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
 #pragma unroll
       for (int b = 0; b < kPieceBatch; ++b) {
         const int u = base + b * kWarp + lane;
-        if (u < last) row[u] = batch[b];
+        if (u < last) row[u] = batch.data[b];
       }
     }
   }
-  if (!p.fp8 || part != parts - 1) return true;
+  if (!scales_here) return true;
+  PeerWait got = PeerWait::arrived;
+#pragma unroll
+  for (int b = 0; b < kScaleWords; ++b) {
+    const int w = scale_word(p.ue8m0, b);
+    if (w < groups && got == PeerWait::arrived) got = settle_words(v, s, stamp, scales + w, 1, &scale[b], t);
+  }
+  if (__any_sync(~0u, got == PeerWait::failed)) return false;
+  if (!__all_sync(~0u, got == PeerWait::arrived)) return true;
+  // Output words: UE8M0, word lane (the four exponents of its words); else word lane + 32 b.
   const LlScalesLayout& l = p.scales_layout;
   const int64_t C = v.rows_per_expert();
-  const LlWord* scales = payload + p.hidden / 4;  // scale g: word g
-  const int groups = p.hidden / kGroup;
-  const int words = p.ue8m0 ? groups / 4 : groups;  // UE8M0: four scale exponents per int32
-  for (int w0 = 0; w0 < words; w0 += kWarp) {
-    const int w = w0 + lane;
-    const int per_word = p.ue8m0 ? 4 : 1;
-    LlWord got_scales[4] = {0, 0, 0, 0};
-    const PeerWait got =
-        w < words ? wait_words(v, s, stamp, scales + per_word * w, per_word, got_scales, t) : PeerWait::arrived;
-    if (__any_sync(~0u, got == PeerWait::failed)) return false;
-    if (!__all_sync(~0u, got == PeerWait::arrived)) return true;
-    uint32_t value = data_of(got_scales[0]);
-    if (p.ue8m0) {
-      value = 0;
-      for (int b = 0; b < 4; ++b) value |= ((data_of(got_scales[b]) >> 23) & 0xFFu) << (8 * b);
-    }
-    for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
-      const int64_t row = __shfl_sync(~0u, m.row, __ffs(rest) - 1);
-      const int64_t e = row / C, i = row % C;
-      if (w < words)
-        static_cast<uint32_t*>(p.out_scales)[e * l.expert_stride + i * l.row_stride + w * l.col_stride] = value;
+  const int out_words = p.ue8m0 ? groups / 4 : groups;
+  uint32_t value[kScaleWords];
+#pragma unroll
+  for (int b = 0; b < kScaleWords; ++b) value[b] = data_of(scale[b]);
+  if (p.ue8m0) {
+    value[0] = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) value[0] |= ((data_of(scale[b]) >> 23) & 0xFFu) << (8 * b);
+  }
+  for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
+    const int64_t row = __shfl_sync(~0u, m.row, __ffs(rest) - 1);
+    const int64_t e = row / C, i = row % C;
+    uint32_t* at = static_cast<uint32_t*>(p.out_scales) + e * l.expert_stride + i * l.row_stride;
+#pragma unroll
+    for (int b = 0; b < kScaleWords; ++b) {
+      const int w = p.ue8m0 ? (b == 0 ? lane : out_words) : lane + kWarp * b;
+      if (w < out_words) at[w * l.col_stride] = value[b];
     }
   }
   return true;
