@@ -15,14 +15,14 @@
 namespace epx::bench {
 
 struct LlBenchOptions {
-  int tokens = 128;   // T per rank, also T_max (LlBufferOptions::max_tokens_per_rank)
-  int hidden = 7168;  // H
-  int topk = 8;       // K
-  int experts = 256;  // E
-  int num_sms = 0;    // LlConfig::num_sms; 0: default_ll_config
-  int warmup = 10;    // untimed graph replays per op; warmup + replays must be even (see ll_bench.cu)
-  int replays = 100;  // timed graph replays per op (also per setting with `tune`)
-  bool tune = false;  // also time dispatch FP8 and combine (local) per num_sms (kLlTuneSms)
+  int tokens = 128;    // T per rank, also T_max (LlBufferOptions::max_tokens_per_rank)
+  int hidden = 7168;   // H
+  int topk = 8;        // K
+  int experts = 256;   // E
+  int num_sms = 0;     // LlConfig::num_sms; 0: default_ll_config
+  int warmup = 10;     // untimed graph replays per op; warmup + replays must be even (see ll_bench.cu)
+  int replays = 100;   // timed graph replays per op (also per setting with `tune`)
+  bool tune = false;   // also time dispatch FP8 and combine (local) per num_sms (kLlTuneSms)
   bool trace = false;  // then print the dispatch's phase trace (a build with -DEPX_PHASE_TRACE=ON)
   uint64_t seed = 20261122;
 };

@@ -25,11 +25,11 @@
 //   tokens ascending, so the message goes to row begin(e, s) + block_row of every unique slot naming e,
 //   begin(e, s) being the sum of those counts. Then it waits for the payload words of its part, and
 //   stores the part into every row; src_idx too. The part's loads (manifest word, header, first payload
-//   words, scales) all go out before the first wait: a word loaded early vouches for itself as well. CTA 0 writes layout_range, recv_count
-//   and the statistics (waiting for every source's counts). What combine needs of each message (slots,
-//   each slot's packed row and weight; slots 0 for a token that sent nothing) is kept in private
-//   memory, so the set is not read after this step. Then the last CTA signals freed to every source.
-//   Every wait is bounded (wait_for_words).
+//   words, scales) all go out before the first wait: a word loaded early vouches for itself as well.
+//   CTA 0 writes layout_range, recv_count and the statistics (waiting for every source's counts). What
+//   combine needs of each message (slots, each slot's packed row and weight; slots 0 for a token that
+//   sent nothing) is kept in private memory, so the set is not read after this step. Then the last CTA
+//   signals freed to every source. Every wait is bounded (wait_for_words).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -47,10 +47,10 @@ namespace {
 constexpr int kThreads = 512;
 static_assert(kThreads >= kMaxNvlinkRanks, "send() loads one rank's mask per thread");
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kColsPerItem = 512;     // a send work item: 512 columns of one token
-constexpr int kGroup = 128;           // columns per FP8 scale
-constexpr int kPieceBytes = 8;        // row bytes in one stamped store of two words (16 bytes)
-constexpr int kPieceBatch = 8;        // pieces each receiving lane loads before it stores
+constexpr int kColsPerItem = 512;  // a send work item: 512 columns of one token
+constexpr int kGroup = 128;        // columns per FP8 scale
+constexpr int kPieceBytes = 8;     // row bytes in one stamped store of two words (16 bytes)
+constexpr int kPieceBatch = 8;     // pieces each receiving lane loads before it stores
 // The send's lane mapping. Stamped words double the bytes, and NVLink wants every store instruction of
 // a warp to cover whole 32-byte sectors: so store j of lane i carries row bytes [256 j + 8 i, +8) of the
 // item (a warp's store: 512 contiguous bytes), and the lane loads just the columns those bytes hold.

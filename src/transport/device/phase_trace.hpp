@@ -43,13 +43,30 @@ enum class TracePoint : int {
   count
 };
 inline constexpr int kTracePoints = int(TracePoint::count);
-inline constexpr const char* kTracePointNames[] = {
-    "layout_start",         "layout_ticket",        "layout_counted",     "layout_published",
-    "layout_bases",         "layout_end",           "dispatch_start",     "dispatch_layout_done",
-    "dispatch_counts_cta0", "dispatch_reported",    "dispatch_counts",    "dispatch_first_stores",
-    "dispatch_last_stores", "dispatch_stores_done", "dispatch_signalled", "dispatch_end",
-    "ll_start",             "ll_staged",            "ll_counts_sent",     "ll_sent",
-    "ll_routed",            "ll_received",          "ll_outputs",         "ll_end"};
+inline constexpr const char* kTracePointNames[] = {"layout_start",
+                                                   "layout_ticket",
+                                                   "layout_counted",
+                                                   "layout_published",
+                                                   "layout_bases",
+                                                   "layout_end",
+                                                   "dispatch_start",
+                                                   "dispatch_layout_done",
+                                                   "dispatch_counts_cta0",
+                                                   "dispatch_reported",
+                                                   "dispatch_counts",
+                                                   "dispatch_first_stores",
+                                                   "dispatch_last_stores",
+                                                   "dispatch_stores_done",
+                                                   "dispatch_signalled",
+                                                   "dispatch_end",
+                                                   "ll_start",
+                                                   "ll_staged",
+                                                   "ll_counts_sent",
+                                                   "ll_sent",
+                                                   "ll_routed",
+                                                   "ll_received",
+                                                   "ll_outputs",
+                                                   "ll_end"};
 static_assert(sizeof(kTracePointNames) / sizeof(kTracePointNames[0]) == kTracePoints, "a name for every point");
 inline constexpr bool trace_keeps_earliest(TracePoint p) {
   return p == TracePoint::ht_layout_start || p == TracePoint::ht_dispatch_start || p == TracePoint::ll_dispatch_start;
