@@ -348,19 +348,25 @@ class LlBench {
     return out;
   }
 
-  // For each of kLlTuneSms up to the smallest SM count of any rank (every rank tries the same ones, in
-  // the same order): sets num_sms, checks dispatch FP8 and combine (local) again, then times them.
-  // Returns per setting {combine, dispatch}; throws when a setting's outputs differ on any rank.
-  // --trace: the phase trace (print_phase_trace) of dispatch FP8 and BF16, each call after a team barrier.
-  void trace_dispatch() {
+  // --trace: the phase traces (print_phase_trace) of dispatch FP8 and BF16, and of combine (local
+  // order) on the handle of one dispatch made here; each call after a team barrier.
+  void trace_calls() {
     for (const bool fp8 : {true, false}) {
       print_phase_trace(
           team_, stream(), fp8 ? "ll_dispatch_fp8" : "ll_dispatch_bf16", transport::TracePoint::ll_dispatch_start,
           [&] { enqueue_team_barrier(team_, stream()); },
           [&] { buffer_.dispatch(dispatch_args(fp8), Streams{stream()}); });
     }
+    const LlHandle handle = buffer_.dispatch(dispatch_args(false), Streams{stream()}).handle;
+    print_phase_trace(
+        team_, stream(), "ll_combine_local", transport::TracePoint::ll_combine_start,
+        [&] { enqueue_team_barrier(team_, stream()); },
+        [&] { buffer_.combine(combine_args(LlCombineOrder::local, handle), Streams{stream()}); });
   }
 
+  // For each of kLlTuneSms up to the smallest SM count of any rank (every rank tries the same ones, in
+  // the same order): sets num_sms, checks dispatch FP8 and combine (local) again, then times them.
+  // Returns per setting {combine, dispatch}; throws when a setting's outputs differ on any rank.
   std::vector<RankTiming> tune(std::vector<int>& settings) {
     int sm_count = 0;
     check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, team_.device()),
@@ -578,7 +584,7 @@ LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
     row.checked = true;  // only reached when every rank's check passed
     result.rows.push_back(row);
   }
-  if (options.trace) bench.trace_dispatch();  // before tune(), which leaves the last num_sms it tried
+  if (options.trace) bench.trace_calls();  // before tune(), which leaves the last num_sms it tried
   if (options.tune) {
     if (team.rank() == 0) {
       std::printf("LL: tuning num_sms (each setting checked against the outputs above)...\n");

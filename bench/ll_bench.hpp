@@ -23,7 +23,7 @@ struct LlBenchOptions {
   int warmup = 10;     // untimed graph replays per op; warmup + replays must be even (see ll_bench.cu)
   int replays = 100;   // timed graph replays per op (also per setting with `tune`)
   bool tune = false;   // also time dispatch FP8 and combine (local) per num_sms (kLlTuneSms)
-  bool trace = false;  // then print the dispatch's phase trace (a build with -DEPX_PHASE_TRACE=ON)
+  bool trace = false;  // then print dispatch's and combine's phase traces (a build with -DEPX_PHASE_TRACE=ON)
   uint64_t seed = 20261122;
 };
 

@@ -50,7 +50,7 @@ void usage() {
       "  --ht-sms: HtConfig::num_sms (default the library's). --ht-tune: then times dispatch BF16/FP8\n"
       "  and combine per num_sms (8..32, %d repetitions each), each setting's outputs compared with the\n"
       "  checked ones, and adds ht_tuning and ht_best_sms to FILE. --trace (a build with cmake\n"
-      "  -DEPX_PHASE_TRACE=ON only): then prints the HT and LL dispatch's phase traces per rank.\n"
+      "  -DEPX_PHASE_TRACE=ON only): then prints the phase traces per rank (HT dispatch, LL dispatch and combine).\n"
       "  LL: dispatch FP8/BF16, combine (local and naive order) and dispatch + combine, T tokens per rank\n"
       "  (--ll-tokens, default %d; also the buffer's T_max), each one call captured in a CUDA graph and\n"
       "  replayed %d times; --ll-sms: LlConfig::num_sms (default the library's). --ll-tune: then times\n"
@@ -125,7 +125,7 @@ Args parse(int argc, char** argv) {
     }
   }
   if (args.skip_ht && args.skip_ll && args.ht.trace) {
-    std::fprintf(stderr, "epx-bench: --trace traces the HT and LL dispatch, which --skip-ht and --skip-ll leave out\n");
+    std::fprintf(stderr, "epx-bench: --trace traces HT and LL calls, which --skip-ht and --skip-ll leave out\n");
     std::exit(2);
   }
   return args;

@@ -40,6 +40,12 @@ enum class TracePoint : int {
   ll_dispatch_received,      // every receive item has stored its payload
   ll_dispatch_outputs,       // CTA 0 has written the per-expert outputs
   ll_dispatch_end,           // every CTA is done (the last one after its "freed" signals)
+  ll_combine_start,          // LL combine (sends and receive in one launch): its first CTA has started
+  ll_combine_sent,           // every warp has issued its send items' stores
+  ll_combine_signalled,      // the last sending CTA signals "ready" (after its fences)
+  ll_combine_acquired,       // every CTA has every peer's "ready"
+  ll_combine_received,       // every warp has written its output columns
+  ll_combine_end,            // every CTA is done (the last one after its "freed" signals)
   count
 };
 inline constexpr int kTracePoints = int(TracePoint::count);
@@ -66,10 +72,17 @@ inline constexpr const char* kTracePointNames[] = {"layout_start",
                                                    "ll_routed",
                                                    "ll_received",
                                                    "ll_outputs",
-                                                   "ll_end"};
+                                                   "ll_end",
+                                                   "llc_start",
+                                                   "llc_sent",
+                                                   "llc_signalled",
+                                                   "llc_acquired",
+                                                   "llc_received",
+                                                   "llc_end"};
 static_assert(sizeof(kTracePointNames) / sizeof(kTracePointNames[0]) == kTracePoints, "a name for every point");
 inline constexpr bool trace_keeps_earliest(TracePoint p) {
-  return p == TracePoint::ht_layout_start || p == TracePoint::ht_dispatch_start || p == TracePoint::ll_dispatch_start;
+  return p == TracePoint::ht_layout_start || p == TracePoint::ht_dispatch_start || p == TracePoint::ll_dispatch_start ||
+         p == TracePoint::ll_combine_start;
 }
 
 #ifdef __CUDACC__
