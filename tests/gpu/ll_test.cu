@@ -75,6 +75,13 @@ std::vector<LlCase> cases() {
        "SingleGpu2_OneToken_ExpertsEqualRanks"},
       {2, 32, 32, 4096, 8, 288, Rt::one_hot, 0.1, P::bf16, true, true, false, true, false,
        "SingleGpu2_E288_OneHot_RepeatedExperts_Bf16"},
+      // Rows of 640 columns: a full 512-column send item, then one of 128 (half-warp FP8 groups idle).
+      {2, 16, 16, 640, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu2_Hidden640_Fp8"},
+      // The largest hidden: 128 FP8 scale groups (every scale word a lane can hold); BF16 parts take two batches.
+      {2, 16, 16, 16384, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, true, false, false,
+       "SingleGpu2_Hidden16384_Fp8_ColumnMajorScales"},
+      {2, 16, 16, 16384, 8, 64, Rt::zipf, 0.1, P::bf16, false, true, false, false, false,
+       "SingleGpu2_Hidden16384_Zipf_Bf16"},
       // One GPU, 4 ranks (smaller T_max).
       {4, 77, 80, 2048, 8, 64, Rt::uniform, 0.1, P::bf16, false, true, false, false, false, "SingleGpu4_Uniform_Bf16"},
       {4, 32, 32, 2048, 8, 256, Rt::one_hot, 0.1, P::fp8_round_scale, true, false, false, false, false,
