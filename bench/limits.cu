@@ -153,7 +153,8 @@ Limits measure_limits(Team& team) {
     if (bad_host != 0)
       detail::fail(ErrorKind::internal, "NVLink limit test: " + std::to_string(bad_host) + " words arrived wrong");
 
-    limits.stamps = probe_stamped_stores(team);
+    limits.stamps = probe_stamped_stores(team, StampPath::nvlink);
+    limits.stamps_same_gpu = probe_stamped_stores(team, StampPath::same_gpu);
 
     // One-way flag latency between ranks 0 and 1 (the others sit out).
     SymmetricMemory flags = team.allocate_symmetric(4096);

@@ -19,7 +19,8 @@ struct Limits {
   double empty_graph_kernel_us = 0;    // an empty kernel replayed from a CUDA graph
   double hbm_copy_gbps = 0;            // device-to-device copy, bytes read + written
   bool data_checked = false;           // every byte the NVLink tests moved was compared on the GPU
-  StampProbe stamps;                   // whether stamped stores arrive whole (stamp_probe.cu)
+  StampProbe stamps;                   // whether stamped stores arrive whole over NVLink (stamp_probe.cu)
+  StampProbe stamps_same_gpu;          // and from a rank to its own memory
 };
 
 // Collective over the team (one process per GPU). Ranks other than 0 return what they measured too.

@@ -280,6 +280,10 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .field("stamped_16_bytes_missing", static_cast<long long>(limits.stamps.missing_16))
       .field("stamped_128_bytes_torn", static_cast<long long>(limits.stamps.torn_128))
       .field("stamped_128_bytes_missing", static_cast<long long>(limits.stamps.missing_128))
+      .field("stamped_same_gpu_16_bytes_torn", static_cast<long long>(limits.stamps_same_gpu.torn_16))
+      .field("stamped_same_gpu_16_bytes_missing", static_cast<long long>(limits.stamps_same_gpu.missing_16))
+      .field("stamped_same_gpu_128_bytes_torn", static_cast<long long>(limits.stamps_same_gpu.torn_128))
+      .field("stamped_same_gpu_128_bytes_missing", static_cast<long long>(limits.stamps_same_gpu.missing_128))
       .end_object();
   j.begin_array("results");
   if (ht != nullptr) write_ht_rows(j, *ht);
@@ -375,11 +379,14 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
     std::printf("%-44s %9.1f GB/s\n", "NVLink copy engine, per direction", l.nvlink_copy_engine_gbps);
     std::printf("%-44s %9.2f us\n", "flag latency, one way", l.flag_latency_us);
     std::printf("%-44s %12s\n", "NVLink data checked", l.data_checked ? "yes" : "NO");
-    const StampProbe& p = l.stamps;
-    std::printf("%-44s %lld torn, %lld missing of %lld\n", "stamped 16-byte stores (vectors)", (long long)p.torn_16,
-                (long long)p.missing_16, (long long)(p.lines * 8));
-    std::printf("%-44s %lld torn vectors, %lld missing of %lld\n", "stamped 128-byte lines", (long long)p.torn_128,
-                (long long)p.missing_128, (long long)p.lines);
+    const auto print_stamps = [](const std::string& where, const StampProbe& p) {
+      std::printf("%-44s %lld torn, %lld missing of %lld\n", ("stamped 16-byte stores" + where).c_str(),
+                  (long long)p.torn_16, (long long)p.missing_16, (long long)(p.lines * 8));
+      std::printf("%-44s %lld torn vectors, %lld missing of %lld\n", ("stamped 128-byte lines" + where).c_str(),
+                  (long long)p.torn_128, (long long)p.missing_128, (long long)p.lines);
+    };
+    print_stamps("", l.stamps);
+    print_stamps(" (same GPU)", l.stamps_same_gpu);
   } else {
     std::printf("%-44s %12s\n", "NVLink limits", "n/a: 1 GPU");
   }

@@ -5,7 +5,9 @@
 //   * 16 bytes: one st.v4 per thread, stamp in its first word, three words of payload;
 //   * 128 bytes: one warp store instruction, 8 lanes per line, stamp in the first word of the line's
 //     last 16 bytes; the receiver loads the whole line in one warp load instruction too.
-// Every rank writes its next rank's area while reading its own (both directions busy), one epoch per
+// Two passes. Over NVLink: every rank writes its next rank's area while reading its own (both
+// directions busy). On one GPU: every rank writes its own area while reading it (what a rank's rows to
+// itself would meet: the writer's lines reach the reader through L2, not the link). One epoch per
 // kernel; an epoch overwrites the previous one's lines, so stale payload is the previous epoch's.
 // A team barrier separates epochs. Waits are bounded: a line that never shows its stamp is counted
 // as missing, not waited for.
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) stamp_epoch(Area* peer, const Area* 
 
 }  // namespace
 
-StampProbe probe_stamped_stores(Team& team) {
+StampProbe probe_stamped_stores(Team& team, StampPath path) {
   StampProbe probe;
   cudaStream_t stream;
   check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -146,7 +148,7 @@ StampProbe probe_stamped_stores(Team& team) {
   Counts* counts = nullptr;
   check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&counts), sizeof(Counts), stream), "cudaMallocAsync");
   check_cuda(cudaMemsetAsync(counts, 0, sizeof(Counts), stream), "cudaMemsetAsync");
-  const int next = (team.rank() + 1) % team.size();
+  const int next = path == StampPath::nvlink ? (team.rank() + 1) % team.size() : team.rank();
   for (uint32_t epoch = 1; epoch <= kEpochs; ++epoch) {
     enqueue_team_barrier(team, stream);  // every reader is done with the previous epoch
     stamp_epoch<<<kWriterBlocks + kReaderBlocks, kThreads, 0, stream>>>(

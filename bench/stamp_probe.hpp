@@ -16,7 +16,10 @@ struct StampProbe {
   int64_t missing_128 = 0;  // lines whose stamp never showed within the bound
 };
 
+// Where the stamped stores go: to the next rank over NVLink, or to this rank's own memory.
+enum class StampPath { nvlink, same_gpu };
+
 // Collective over the team (one process per GPU, at least 2: measure_limits runs it only there).
-StampProbe probe_stamped_stores(Team& team);
+StampProbe probe_stamped_stores(Team& team, StampPath path);
 
 }  // namespace epx::bench
