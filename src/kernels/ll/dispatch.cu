@@ -391,29 +391,16 @@ struct MessageRows {
   float weight;           // lane k: slot k's weight
 };
 
-// What one lane waits for, as wait_for_words takes it: `words` stamped words at `at`, loaded into `out`.
-// Returns the wait's outcome on this lane.
-__device__ PeerWait wait_words(const LlView& v, int s, uint32_t stamp, const LlWord* at, int words, LlWord* out,
-                               int detail) {
+// Waits (wait_for_words) until `word`, a load of *at made earlier (0: none yet), carries the call's
+// stamp, loading *at again while it does not. Returns the wait's outcome on this lane.
+__device__ PeerWait settle_word(const LlView& v, int s, uint32_t stamp, const LlWord* at, LlWord& word, int detail) {
   return wait_for_words(
       v, s, stamp,
       [&] {
-        bool all = true;
-        for (int i = 0; i < words; ++i) {
-          out[i] = load_word(at + i);
-          all &= has_stamp(out[i], stamp);
-        }
-        return all;
+        if (!has_stamp(word, stamp)) word = load_word(at);
+        return has_stamp(word, stamp);
       },
-      [&] { return out[0]; }, transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(detail)});
-}
-
-// wait_words for words already loaded into `out` once: done if each carries the stamp, else polled again.
-__device__ PeerWait settle_words(const LlView& v, int s, uint32_t stamp, const LlWord* at, int words, LlWord* out,
-                                 int detail) {
-  bool all = true;
-  for (int i = 0; i < words; ++i) all &= has_stamp(out[i], stamp);
-  return all ? PeerWait::arrived : wait_words(v, s, stamp, at, words, out, detail);
+      [&] { return word; }, transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(detail)});
 }
 
 // The whole warp reads message (s, t)'s routing: whether t sent me a message (its manifest bit), then its
@@ -435,11 +422,11 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   const bool second = lane < kLlHeaderWords - kWarp;
   LlWord manifest = load_word(manifest_at);
   LlWord words[2] = {load_word(header + lane), second ? load_word(header + kWarp + lane) : 0};
-  const PeerWait got = settle_words(v, s, stamp, manifest_at, 1, &manifest, t);
+  const PeerWait got = settle_word(v, s, stamp, manifest_at, manifest, t);
   failed = __any_sync(~0u, got == PeerWait::failed);
   if (failed || !__all_sync(~0u, got == PeerWait::arrived) || ((data_of(manifest) >> (t % kWarp)) & 1u) == 0u) return m;
-  const PeerWait h = settle_words(v, s, stamp, header + lane, 1, &words[0], t);
-  const PeerWait h2 = second ? settle_words(v, s, stamp, header + kWarp + lane, 1, &words[1], t) : PeerWait::arrived;
+  const PeerWait h = settle_word(v, s, stamp, header + lane, words[0], t);
+  const PeerWait h2 = second ? settle_word(v, s, stamp, header + kWarp + lane, words[1], t) : PeerWait::arrived;
   failed = __any_sync(~0u, h == PeerWait::failed || h2 == PeerWait::failed);
   if (failed || !__all_sync(~0u, h == PeerWait::arrived && h2 == PeerWait::arrived)) return m;
   const int k = lane % kLlMaxTopk;
@@ -470,7 +457,7 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
       for (int i = 0; i < kCountLoads; ++i) {
         const int r = first + i;
         if (r >= s || masked[r]) continue;
-        const PeerWait c = settle_words(v, r, stamp, v.expert_counts_of(me, p.set, r) + e, 1, &count[i], e);
+        const PeerWait c = settle_word(v, r, stamp, v.expert_counts_of(me, p.set, r) + e, count[i], e);
         ok = ok && c != PeerWait::failed;
         if (c == PeerWait::arrived) begin += int32_t(data_of(count[i]));
       }
@@ -584,7 +571,7 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
 #pragma unroll
   for (int b = 0; b < kScaleWords; ++b) {
     const int w = scale_word(p.ue8m0, b);
-    if (w < groups && got == PeerWait::arrived) got = settle_words(v, s, stamp, scales + w, 1, &scale[b], t);
+    if (w < groups && got == PeerWait::arrived) got = settle_word(v, s, stamp, scales + w, scale[b], t);
   }
   if (__any_sync(~0u, got == PeerWait::failed)) return false;
   if (!__all_sync(~0u, got == PeerWait::arrived)) return true;
@@ -627,7 +614,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
       for (int s = 0; ok && s < R; ++s) {
         LlWord count = 0;
         const PeerWait c =
-            masked[s] ? PeerWait::masked : wait_words(v, s, stamp, v.expert_counts_of(me, p.set, s) + e, 1, &count, e);
+            masked[s] ? PeerWait::masked : settle_word(v, s, stamp, v.expert_counts_of(me, p.set, s) + e, count, e);
         ok = c != PeerWait::failed;
         const int32_t n = c == PeerWait::arrived ? int32_t(data_of(count)) : 0;
         p.layout_range[e * R + s] = LlRange{begin, n};
