@@ -41,7 +41,7 @@ inline void print_phase_trace(Team& team, cudaStream_t stream, const std::string
   for (int p = 0; p < transport::kTracePoints; ++p) {
     if (us[p].empty()) continue;
     char point[96];
-    std::snprintf(point, sizeof point, " %s=%.2f", transport::kTracePointNames[p], summarize(us[p]).median_us);
+    std::snprintf(point, sizeof point, " %s=%.2f", transport::kTracePointInfo[p].name, summarize(us[p]).median_us);
     line += point;
   }
   std::printf("%s\n", line.c_str());

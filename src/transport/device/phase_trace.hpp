@@ -49,41 +49,46 @@ enum class TracePoint : int {
   count
 };
 inline constexpr int kTracePoints = int(TracePoint::count);
-inline constexpr const char* kTracePointNames[] = {"layout_start",
-                                                   "layout_ticket",
-                                                   "layout_counted",
-                                                   "layout_published",
-                                                   "layout_bases",
-                                                   "layout_end",
-                                                   "dispatch_start",
-                                                   "dispatch_layout_done",
-                                                   "dispatch_counts_cta0",
-                                                   "dispatch_reported",
-                                                   "dispatch_counts",
-                                                   "dispatch_first_stores",
-                                                   "dispatch_last_stores",
-                                                   "dispatch_stores_done",
-                                                   "dispatch_signalled",
-                                                   "dispatch_end",
-                                                   "ll_start",
-                                                   "ll_staged",
-                                                   "ll_counts_sent",
-                                                   "ll_sent",
-                                                   "ll_routed",
-                                                   "ll_received",
-                                                   "ll_outputs",
-                                                   "ll_end",
-                                                   "llc_start",
-                                                   "llc_sent",
-                                                   "llc_signalled",
-                                                   "llc_acquired",
-                                                   "llc_received",
-                                                   "llc_end"};
-static_assert(sizeof(kTracePointNames) / sizeof(kTracePointNames[0]) == kTracePoints, "a name for every point");
-inline constexpr bool trace_keeps_earliest(TracePoint p) {
-  return p == TracePoint::ht_layout_start || p == TracePoint::ht_dispatch_start || p == TracePoint::ll_dispatch_start ||
-         p == TracePoint::ll_combine_start;
-}
+// Each point's name (what epx-bench --trace prints) and whether it keeps the earliest stamp (a kernel's
+// start) rather than the latest.
+struct TracePointInfo {
+  const char* name;
+  bool keeps_earliest;
+};
+inline constexpr TracePointInfo kTracePointInfo[] = {
+    {"layout_start", true},
+    {"layout_ticket", false},
+    {"layout_counted", false},
+    {"layout_published", false},
+    {"layout_bases", false},
+    {"layout_end", false},
+    {"dispatch_start", true},
+    {"dispatch_layout_done", false},
+    {"dispatch_counts_cta0", false},
+    {"dispatch_reported", false},
+    {"dispatch_counts", false},
+    {"dispatch_first_stores", false},
+    {"dispatch_last_stores", false},
+    {"dispatch_stores_done", false},
+    {"dispatch_signalled", false},
+    {"dispatch_end", false},
+    {"ll_start", true},
+    {"ll_staged", false},
+    {"ll_counts_sent", false},
+    {"ll_sent", false},
+    {"ll_routed", false},
+    {"ll_received", false},
+    {"ll_outputs", false},
+    {"ll_end", false},
+    {"llc_start", true},
+    {"llc_sent", false},
+    {"llc_signalled", false},
+    {"llc_acquired", false},
+    {"llc_received", false},
+    {"llc_end", false},
+};
+static_assert(sizeof(kTracePointInfo) / sizeof(kTracePointInfo[0]) == kTracePoints, "an entry for every point");
+inline constexpr bool trace_keeps_earliest(TracePoint p) { return kTracePointInfo[int(p)].keeps_earliest; }
 
 #ifdef __CUDACC__
 // Called by one thread per stamp (a CTA's thread 0, or a warp's lane 0).
