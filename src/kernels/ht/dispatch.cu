@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   int32_t* rows = rows_of[warp];
   uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kDispatchDone;
   if (threadIdx.x == 0) {
-    transport::trace(b.team, transport::TracePoint::ht_dispatch_start);
+    transport::trace<transport::TracePoint::ht_dispatch_start>(b.team);
     seq = *sequence + 1;
     go = false;
   }
@@ -146,13 +146,13 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
     }
   }
   wait_for_prior_grid();  // the layout kernel's outputs (launch_dispatch: after_layout)
-  if (threadIdx.x == 0) transport::trace(b.team, transport::TracePoint::ht_dispatch_layout_done);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_dispatch_layout_done>(b.team);
   if (t < T) load_positions(meta, a.handle, t, R, lane);
   const bool cached = a.counts.cached;
   if (blockIdx.x == 0) announce_counts(a, seq);
   // Every CTA waits for every rank's counts itself (no CTA waits for another before sending).
   const bool heard = wait_for_counts(b, seq, cached, blockIdx.x == 0);
-  if (blockIdx.x == 0 && threadIdx.x == 0) transport::trace(b.team, transport::TracePoint::ht_dispatch_counts_cta0);
+  if (blockIdx.x == 0 && threadIdx.x == 0) transport::trace<transport::TracePoint::ht_dispatch_counts_cta0>(b.team);
   if (blockIdx.x == 0) {
     if (!heard) {
       if (threadIdx.x == 0) *a.handle.status = kStatusTeamFailed;  // the host reports the expired wait
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
       if (!cached) count_exchange_results(a);
       __syncthreads();
       report_counts_to_host(a);
-      if (threadIdx.x == 0) transport::trace(b.team, transport::TracePoint::ht_dispatch_reported);
+      if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_dispatch_reported>(b.team);
     }
   }
   // One thread reads the status and the failure flag for the whole CTA: thousands of threads each
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) transport::trace(b.team, transport::TracePoint::ht_dispatch_counts);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_dispatch_counts>(b.team);
   if (heard && a.counts.num_worst_tokens > 0)
     fill_padding_rows(b, num_recv, a.counts.num_worst_tokens, in.topk, in.topk_int64);
   int32_t begin[kRanksPerLane];  // where this rank's rows start on ranks lane, lane + 32, ...
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
             bulk_store(b.at<uint8_t>(d, b.recv_x) + int64_t(rows[d]) * row_bytes, stages + s * row_bytes, row_bytes);
         }
         bulk_commit();
-        if (i == 0) transport::trace(b.team, transport::TracePoint::ht_dispatch_first_stores);
+        if (i == 0) transport::trace<transport::TracePoint::ht_dispatch_first_stores>(b.team);
       }
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);
@@ -251,17 +251,17 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
     meta = meta_next;
   }
   if (lane == 0) {
-    transport::trace(b.team, transport::TracePoint::ht_dispatch_last_stores);
+    transport::trace<transport::TracePoint::ht_dispatch_last_stores>(b.team);
     bulk_wait_all();
-    transport::trace(b.team, transport::TracePoint::ht_dispatch_stores_done);
+    transport::trace<transport::TracePoint::ht_dispatch_stores_done>(b.team);
   }
 
   // A team that failed (a wait of this rank expired) signals nothing: its rows may be incomplete, and
   // the peers then time out themselves instead of taking them as a finished dispatch.
   if (!last_cta_signals(b, core::kDispatchDone, a.blocks_done, a.tokens_claimed, sequence, seq)) return;
-  if (threadIdx.x == 0) transport::trace(b.team, transport::TracePoint::ht_dispatch_signalled);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_dispatch_signalled>(b.team);
   wait_for_every_rank(b, core::kDispatchDone, seq, transport::WaitPhase::ht_dispatch_done);
-  if (threadIdx.x == 0) transport::trace(b.team, transport::TracePoint::ht_dispatch_end);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_dispatch_end>(b.team);
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   LayoutState* state = a.scratch.state;
   allow_dependent_launch();  // the dispatch kernel after it may start now (see launch_dispatch)
   if (threadIdx.x == 0) {
-    transport::trace(a.scratch.team, transport::TracePoint::ht_layout_start);
+    transport::trace<transport::TracePoint::ht_layout_start>(a.scratch.team);
     call_of_cta = transport::load_relaxed_sys(&state->calls) + 1;  // in flight with the ticket (see above)
     tile_of_cta = uint32_t(atomicAdd(&state->tiles_taken, 1ull));
   }
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   for (int e = threadIdx.x; e < E; e += kThreads) expert_counts[e] = 0;
   for (int r = threadIdx.x; r < R; r += kThreads) base[r] = 0;
   __syncthreads();
-  if (threadIdx.x == 0) transport::trace(a.scratch.team, transport::TracePoint::ht_layout_ticket);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_layout_ticket>(a.scratch.team);
   const int tile = int(tile_of_cta);
   const uint64_t call = call_of_cta;
   const int t = tile * kThreads + threadIdx.x;
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
     if (lane == 0) warp_offsets[warp][r] = __popc(in);
   }
   __syncthreads();
-  if (threadIdx.x == 0) transport::trace(a.scratch.team, transport::TracePoint::ht_layout_counted);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_layout_counted>(a.scratch.team);
   int32_t* partials = a.scratch.expert_partials;
   if (tile * kThreads < a.num_tokens) {
     for (int e = threadIdx.x; e < E; e += kThreads) partials[int64_t(tile) * E + e] = expert_counts[e];
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   for (int r = threadIdx.x; r < R; r += kThreads) {
     transport::store_release_gpu(&tile_totals[int64_t(tile) * R + r], (call << kCountBits) | uint64_t(tile_counts[r]));
   }
-  if (threadIdx.x == 0) transport::trace(a.scratch.team, transport::TracePoint::ht_layout_published);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_layout_published>(a.scratch.team);
   bool ok = true;
   for (int i = threadIdx.x; i < tile * R; i += kThreads) {
     ok = ok && transport::wait_at_least(
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
     if (ok) atomicAdd(&base[i % R], int(transport::load_relaxed_sys(&tile_totals[i]) & kCountMask));
   }
   ok = __syncthreads_and(ok);  // every base is complete; what one thread acquired, all may read
-  if (threadIdx.x == 0) transport::trace(a.scratch.team, transport::TracePoint::ht_layout_bases);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_layout_bases>(a.scratch.team);
 
   if (ok) {  // else the team has failed: the call will fail, its outputs are not read
     for (int r = 0; r < R; ++r) {
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
     }
   }
   if (tile != int(gridDim.x) - 1) {
-    if (threadIdx.x == 0) transport::trace(a.scratch.team, transport::TracePoint::ht_layout_end);
+    if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_layout_end>(a.scratch.team);
     return;
   }
   if (ok) {
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   if (threadIdx.x == 0) {
     state->tiles_taken = 0;
     state->calls = call;
-    transport::trace(a.scratch.team, transport::TracePoint::ht_layout_end);
+    transport::trace<transport::TracePoint::ht_layout_end>(a.scratch.team);
   }
 }
 

@@ -133,10 +133,10 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
     const int message = item / parts;
     ok = send_message(p, cseq, message / v.max_tokens, message % v.max_tokens, item % parts, parts, free);
   }
-  if (threadIdx.x % kWarp == 0) transport::trace(v.team, transport::TracePoint::ll_combine_sent);
+  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_sent>(v.team);
   if (int(threadIdx.x) < v.team.nranks) masked[threadIdx.x] = rank_masked;
   last_cta_signals(v, v.blocks_done_of(core::kLlCombine, kLlSend), masked, core::kLlReady, core::kLlCombine, p.set,
-                   cseq, [&](int) { transport::trace(v.team, transport::TracePoint::ll_combine_signalled); });
+                   cseq, [&](int) { transport::trace<transport::TracePoint::ll_combine_signalled>(v.team); });
 }
 
 // ---- Receive ----
@@ -182,23 +182,23 @@ __device__ void receive(const CombineParams& p, uint64_t cseq) {
   const LlView& v = p.v;
   __shared__ bool masked[kMaxNvlinkRanks];
   if (!wait_every_peer(v, core::kLlCombine, p.set, cseq, transport::WaitPhase::ll_combine_recv, masked)) return;
-  if (threadIdx.x == 0) transport::trace(v.team, transport::TracePoint::ll_combine_acquired);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_acquired>(v.team);
   const int chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
   const int items = p.num_tokens * chunks;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; item < items; item += gridDim.x * kWarps) {
     receive_item(p, masked, item / chunks, item % chunks);
   }
-  if (threadIdx.x % kWarp == 0) transport::trace(v.team, transport::TracePoint::ll_combine_received);
+  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
   last_cta_signals(v, v.blocks_done_of(core::kLlCombine, kLlReceive), masked, core::kLlFreed, core::kLlCombine, p.set,
                    cseq, [](int) {});
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
-  if (threadIdx.x == 0) transport::trace(p.v.team, transport::TracePoint::ll_combine_start);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_start>(p.v.team);
   const uint64_t cseq = call_sequence(p.v, core::kLlCombine, p.set);
   if (p.phases & kSend) send(p, cseq);
   if (p.phases & kReceive) receive(p, cseq);
-  if (threadIdx.x == 0) transport::trace(p.v.team, transport::TracePoint::ll_combine_end);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_end>(p.v.team);
 }
 
 }  // namespace

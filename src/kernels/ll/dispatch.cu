@@ -368,17 +368,17 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_staged);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_staged>(v.team);
   bool free = false;  // this warp has seen the set freed by every peer
   const bool counting = blockIdx.x == gridDim.x - 1;
   bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
-  if (counting && threadIdx.x % kWarp == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_counts_sent);
+  if (counting && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_counts_sent>(v.team);
   for (int i = first_item; ok && i < items; i += warps) {
     const int t = i / chunks, chunk = i % chunks;
     if (i != first_item) columns = load_columns(p, t, chunk);
     ok = send_columns(p, experts, seq, t, chunk, columns, free);
   }
-  if (threadIdx.x % kWarp == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_sent);
+  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
 }
 
 // ---- Receive ----
@@ -535,7 +535,7 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
   bool failed = false;
   const MessageRows m = message_rows(p, masked, stamp, s, t, failed);
   if (failed) return false;
-  if (lane == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_routed);
+  if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_routed>(v.team);
   if (part == 0) {
     if (lane == 0) *v.message_slots_of(p.set, s, t) = m.slots;
     if ((m.slots >> lane) & 1u) {
@@ -624,7 +624,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
       if (ok && p.cumulative_recv_count != nullptr) p.cumulative_recv_count[e] += begin;
     }
     ok = __syncthreads_and(ok);  // warp-uniform again: the work items use warp collectives
-    if (threadIdx.x == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_outputs);
+    if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_outputs>(v.team);
   }
   // Work items: (message, part), parts chosen so that every warp of the grid has about one.
   const int messages = R * v.max_tokens;
@@ -633,7 +633,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = item / parts;
     ok = receive_message(p, masked, stamp, message / v.max_tokens, message % v.max_tokens, item % parts, parts);
-    if (threadIdx.x % kWarp == 0) transport::trace(v.team, transport::TracePoint::ll_dispatch_received);
+    if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_received>(v.team);
   }
   // "freed" goes to the sources not masked now (one may have been masked while the step ran).
   __shared__ bool masked_now[kMaxNvlinkRanks];
@@ -643,11 +643,11 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
 }
 
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
-  if (threadIdx.x == 0) transport::trace(p.v.team, transport::TracePoint::ll_dispatch_start);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_start>(p.v.team);
   const uint64_t seq = call_sequence(p.v, core::kLlDispatch, p.set);
   if (p.phases & kSend) send(p, seq);
   if (p.phases & kReceive) receive(p, seq);
-  if (threadIdx.x == 0) transport::trace(p.v.team, transport::TracePoint::ll_dispatch_end);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_end>(p.v.team);
 }
 
 }  // namespace

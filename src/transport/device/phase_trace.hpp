@@ -91,19 +91,21 @@ static_assert(sizeof(kTracePointInfo) / sizeof(kTracePointInfo[0]) == kTracePoin
 inline constexpr bool trace_keeps_earliest(TracePoint p) { return kTracePointInfo[int(p)].keeps_earliest; }
 
 #ifdef __CUDACC__
-// Called by one thread per stamp (a CTA's thread 0, or a warp's lane 0).
-__device__ __forceinline__ void trace(const TeamView& team, TracePoint p) {
+// Called by one thread per stamp (a CTA's thread 0, or a warp's lane 0). The point is a template
+// argument so that which stamp it keeps is decided at compile time: device code cannot read the host
+// table kTracePointInfo at run time.
+template <TracePoint kPoint>
+__device__ __forceinline__ void trace(const TeamView& team) {
 #ifdef EPX_PHASE_TRACE
   const uint64_t now = global_timer_ns();
-  auto* word = reinterpret_cast<unsigned long long*>(team.trace) + int(p);
-  if (trace_keeps_earliest(p)) {
+  auto* word = reinterpret_cast<unsigned long long*>(team.trace) + int(kPoint);
+  if constexpr (trace_keeps_earliest(kPoint)) {
     atomicMin(word, now);
   } else {
     atomicMax(word, now);
   }
 #else
   (void)team;
-  (void)p;
 #endif
 }
 #endif
