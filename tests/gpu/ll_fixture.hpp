@@ -26,6 +26,7 @@
 #include "gpu_test_env.hpp"
 #include "ht_fixture.hpp"  // DeviceArray, upload, download, poison, expect_rows_equal
 #include "routing_fixture.hpp"
+#include "single_gpu_ranks.hpp"  // submit_together
 
 namespace epx::test {
 
@@ -450,12 +451,14 @@ inline LlExpected ll_masked_expected(const LlCase& c, int R, uint32_t seed, cons
 // One dispatch (its handle checked too) and one combine per order on this rank, with `in` holding `want`'s inputs,
 // checked against `want` (this rank's outputs only), each call first completed (complete: an expired wait is
 // reported as one). Nothing is allocated or freed here: on a single-GPU team a cudaFree waits for every kernel
-// of the GPU, other ranks' included, which may be waiting for this rank.
+// of the GPU, other ranks' included, which may be waiting for this rank; and each call is submitted together
+// with the other ranks' (single_gpu_ranks.hpp).
 inline void ll_exchange_and_check(const LlCase& c, const LlExpected& want, LlBuffer& buffer, Team& team,
                                   const LlRankInputs& in, const LlOutputs& out, cudaStream_t stream) {
   const int rank = team.rank();
+  LlDispatchResult d;
   poison_ll_outputs(out, stream);
-  const LlDispatchResult d = buffer.dispatch(ll_dispatch_args(c, in, out), Streams{stream});
+  submit_together([&] { d = buffer.dispatch(ll_dispatch_args(c, in, out), Streams{stream}); });
   ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   EXPECT_EQ(d.handle.buffer, &buffer) << "rank " << rank;
   EXPECT_EQ(d.handle.num_tokens, c.T) << "rank " << rank;
@@ -465,7 +468,7 @@ inline void ll_exchange_and_check(const LlCase& c, const LlExpected& want, LlBuf
   check_ll_dispatch(c, want, rank, out);
   for (const LlCombineOrder order : ll_orders(c)) {
     poison(out.out, stream);
-    buffer.combine(ll_combine_args(c, want, in, out, d.handle, order), Streams{stream});
+    submit_together([&] { buffer.combine(ll_combine_args(c, want, in, out, d.handle, order), Streams{stream}); });
     ASSERT_NO_FATAL_FAILURE(complete(team, stream));
     check_ll_combine(c, want, rank, out, order);
   }

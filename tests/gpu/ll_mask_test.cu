@@ -45,7 +45,9 @@ class IdleRank {
     IdleRank& idle;
     ~Busy() { idle.busy_.fetch_sub(1); }
   };
+  // The idle rank makes no call: it leaves the busy ranks' meetings (submit_together), then waits.
   void wait_for_the_others() const {
+    leave_rank_threads_meeting();
     while (busy_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 

@@ -72,7 +72,7 @@ void graph_replays(const LlCase& c, Team& team, cudaStream_t stream) {
     const LlExpected x = build_ll_expected(c, team.size(), kSeed + 100 + uint32_t(i));
     write_ll_inputs(c, x, rank, rig.in[0]);
     poison_ll_outputs(rig.out[0], stream);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    submit_together([&] { ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess); });
     sync_and_check_errors(rig.buffer, stream);
     SCOPED_TRACE("replay " + std::to_string(i));
     check_ll_dispatch(c, x, rank, rig.out[0]);
@@ -92,8 +92,10 @@ void repeated_calls(const LlCase& c, Team& team, cudaStream_t stream) {
     const int set = i % kSets;
     const LlCombineOrder order = (i / 2) % 2 == 0 ? LlCombineOrder::local : LlCombineOrder::naive;
     poison_ll_outputs(rig.out[set], stream);
-    const LlDispatchResult d = rig.buffer.dispatch(rig.dispatch_args(set), Streams{stream});
-    rig.buffer.combine(rig.combine_args(set, d.handle, order), Streams{stream});
+    submit_together([&] {
+      const LlDispatchResult d = rig.buffer.dispatch(rig.dispatch_args(set), Streams{stream});
+      rig.buffer.combine(rig.combine_args(set, d.handle, order), Streams{stream});
+    });
     sync_and_check_errors(rig.buffer, stream);
     SCOPED_TRACE("call " + std::to_string(i));
     check_ll_combine(c, rig.x[set], rank, rig.out[set], order);
@@ -109,31 +111,38 @@ void split_calls(const LlCase& c, Team& team, cudaStream_t stream) {
   LlDispatchArgs a = rig.dispatch_args(0);
   a.send_only = true;
   poison_ll_outputs(rig.out[0], stream);
-  const LlDispatchResult d = rig.buffer.dispatch(a, on);
-  ASSERT_TRUE(d.receive) << "rank " << rank << ": send_only dispatch returned no receive step";
-  d.receive();
+  LlDispatchResult d;
+  submit_together([&] {
+    d = rig.buffer.dispatch(a, on);
+    ASSERT_TRUE(d.receive) << "rank " << rank << ": send_only dispatch returned no receive step";
+    d.receive();
+  });
   sync_and_check_errors(rig.buffer, stream);
   check_ll_dispatch(c, rig.x[0], rank, rig.out[0]);
   LlCombineArgs ca = rig.combine_args(0, d.handle, LlCombineOrder::local);
   ca.send_only = true;
-  const LlCombineResult r = rig.buffer.combine(ca, on);
-  ASSERT_TRUE(r.receive) << "rank " << rank << ": send_only combine returned no receive step";
-  r.receive();
+  submit_together([&] {
+    const LlCombineResult r = rig.buffer.combine(ca, on);
+    ASSERT_TRUE(r.receive) << "rank " << rank << ": send_only combine returned no receive step";
+    r.receive();
+  });
   sync_and_check_errors(rig.buffer, stream);
   check_ll_combine(c, rig.x[0], rank, rig.out[0], LlCombineOrder::local);
 
   // send A, send B, receive A, receive B, combine A, combine B.
-  std::vector<LlDispatchResult> sent;
-  for (int set = 0; set < 2; ++set) {
-    poison_ll_outputs(rig.out[set], stream);
-    LlDispatchArgs args = rig.dispatch_args(set);
-    args.send_only = true;
-    sent.push_back(rig.buffer.dispatch(args, on));
-    ASSERT_TRUE(sent.back().receive) << "rank " << rank;
-  }
-  for (const LlDispatchResult& s : sent) s.receive();
-  rig.buffer.combine(rig.combine_args(0, sent[0].handle, LlCombineOrder::local), on);
-  rig.buffer.combine(rig.combine_args(1, sent[1].handle, LlCombineOrder::naive), on);
+  for (int set = 0; set < 2; ++set) poison_ll_outputs(rig.out[set], stream);
+  submit_together([&] {
+    std::vector<LlDispatchResult> sent;
+    for (int set = 0; set < 2; ++set) {
+      LlDispatchArgs args = rig.dispatch_args(set);
+      args.send_only = true;
+      sent.push_back(rig.buffer.dispatch(args, on));
+      ASSERT_TRUE(sent.back().receive) << "rank " << rank;
+    }
+    for (const LlDispatchResult& s : sent) s.receive();
+    rig.buffer.combine(rig.combine_args(0, sent[0].handle, LlCombineOrder::local), on);
+    rig.buffer.combine(rig.combine_args(1, sent[1].handle, LlCombineOrder::naive), on);
+  });
   sync_and_check_errors(rig.buffer, stream);
   for (int set = 0; set < 2; ++set) check_ll_dispatch(c, rig.x[set], rank, rig.out[set]);
   check_ll_combine(c, rig.x[0], rank, rig.out[0], LlCombineOrder::local);
@@ -148,13 +157,16 @@ void async_calls(const LlCase& c, Team& team, cudaStream_t stream) {
   ASSERT_EQ(cudaEventCreateWithFlags(&before, cudaEventDisableTiming), cudaSuccess);
   poison_ll_outputs(rig.out[0], stream);
   ASSERT_EQ(cudaEventRecord(before, stream), cudaSuccess);
-  const LlDispatchResult d = rig.buffer.dispatch(rig.dispatch_args(0), Streams{stream, true, before});
+  LlDispatchResult d;
+  submit_together([&] { d = rig.buffer.dispatch(rig.dispatch_args(0), Streams{stream, true, before}); });
   ASSERT_NE(d.finished, nullptr);
   ASSERT_EQ(cudaStreamWaitEvent(stream, d.finished, 0), cudaSuccess);
   sync_and_check_errors(rig.buffer, stream);
   check_ll_dispatch(c, rig.x[0], rank, rig.out[0]);
-  const LlCombineResult r =
-      rig.buffer.combine(rig.combine_args(0, d.handle, LlCombineOrder::naive), Streams{stream, true, nullptr});
+  LlCombineResult r;
+  submit_together([&] {
+    r = rig.buffer.combine(rig.combine_args(0, d.handle, LlCombineOrder::naive), Streams{stream, true, nullptr});
+  });
   ASSERT_NE(r.finished, nullptr);
   ASSERT_EQ(cudaStreamWaitEvent(stream, r.finished, 0), cudaSuccess);
   sync_and_check_errors(rig.buffer, stream);
@@ -177,7 +189,7 @@ void cumulative_counts(const LlCase& c, Team& team, cudaStream_t stream) {
     const bool counted = i != 1;
     LlDispatchArgs a = rig.dispatch_args(i);
     if (counted) a.cumulative_recv_count = static_cast<int32_t*>(counter.data);
-    rig.buffer.dispatch(a, Streams{stream});
+    submit_together([&] { rig.buffer.dispatch(a, Streams{stream}); });
     sync_and_check_errors(rig.buffer, stream);
     for (int e = 0; e < n && counted; ++e) want[std::size_t(e)] += rig.x[i].recv[rank].recv_count[std::size_t(e)];
     std::vector<int32_t> got(want.size());
@@ -200,13 +212,17 @@ void combine_from_buffer(const LlCase& c, Team& team, cudaStream_t stream) {
   EXPECT_GE(rig.buffer.buffer_bytes(), before + std::size_t(y.rows) * y.cols * 2)
       << "rank " << rank << ": buffer_bytes() does not count combine_buffer()";
   poison_ll_outputs(rig.out[0], stream);
-  const LlDispatchResult d = rig.buffer.dispatch(rig.dispatch_args(0), Streams{stream});
+  // The expert outputs go in before the calls (a copy, which may run on a copy engine: see
+  // submit_together); nothing but combine reads or writes combine_buffer().
   ASSERT_EQ(cudaMemcpy2DAsync(y.data, y.row_stride * 2, rig.in[0].y->data, c.H * 2, c.H * 2, y.rows,
                               cudaMemcpyDeviceToDevice, stream),
             cudaSuccess);
-  LlCombineArgs a = rig.combine_args(0, d.handle, LlCombineOrder::local);
-  a.y = TensorRef{y.data, ScalarType::bf16, y.rows, c.H, y.row_stride, 1};
-  rig.buffer.combine(a, Streams{stream});
+  submit_together([&] {
+    const LlDispatchResult d = rig.buffer.dispatch(rig.dispatch_args(0), Streams{stream});
+    LlCombineArgs a = rig.combine_args(0, d.handle, LlCombineOrder::local);
+    a.y = TensorRef{y.data, ScalarType::bf16, y.rows, c.H, y.row_stride, 1};
+    rig.buffer.combine(a, Streams{stream});
+  });
   sync_and_check_errors(rig.buffer, stream);
   check_ll_combine(c, x, rank, rig.out[0], LlCombineOrder::local);
 }

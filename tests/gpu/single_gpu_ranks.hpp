@@ -7,11 +7,20 @@
 // Nor may a body call cudaMalloc or cudaFree between the team's calls: they can wait for the whole
 // GPU, so for another rank's kernel that waits for this rank's next call (seen: a wait expired in
 // the second of two dispatches whose first one's inputs were freed in between).
+// Nor may a rank copy to or from the host while another rank's kernel may wait for this rank's next
+// launch: where streams share a hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, or more streams than
+// queues), a copy queued behind that waiting kernel cannot start, and while a thread is blocked in a
+// synchronous copy the other threads' launches block in the driver too (seen on LL calls whose ranks
+// do not wait for every rank: "combine launch took 5001 ms" on the ranks whose rows a rank waited
+// for). So LL bodies submit each call's launches with submit_together: the ranks' threads meet before
+// them (every copy of the previous step is done) and after them (every kernel of the call is queued);
+// copies and memsets (which may run on a copy engine) go before the first meeting.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <cstdlib>
 #include <exception>
 #include <stdexcept>
@@ -22,6 +31,28 @@
 #include "gpu_test_env.hpp"
 
 namespace epx::test {
+
+// The meeting point of the rank threads of the running single-GPU team (null on a world team, whose
+// ranks are processes with their own hardware queues).
+inline thread_local std::barrier<>* rank_threads_meeting = nullptr;
+
+// Runs submit() (a rank's launches of one step) once every rank thread of a single-GPU
+// team has come here, then waits until every one has submitted too (see the rule above). On a world
+// team it only runs submit().
+template <typename Submit>
+void submit_together(Submit submit) {
+  if (rank_threads_meeting != nullptr) rank_threads_meeting->arrive_and_wait();
+  submit();
+  if (rank_threads_meeting != nullptr) rank_threads_meeting->arrive_and_wait();
+}
+
+// Called by a rank thread that makes none of the team's calls from here on (and by every thread when
+// its body ends, a failure included): the others' meetings no longer wait for it.
+inline void leave_rank_threads_meeting() {
+  if (rank_threads_meeting == nullptr) return;
+  rank_threads_meeting->arrive_and_drop();
+  rank_threads_meeting = nullptr;
+}
 
 // EPX_TEST_TIMEOUT_SCALE (a positive integer, default 1) multiplies the wait timeout of single-GPU
 // teams: under compute-sanitizer the ranks' kernels, sharing one GPU, run many times slower.
@@ -34,10 +65,12 @@ inline TeamOptions scaled_for_tools(TeamOptions options) {
 template <typename Body>
 void on_single_gpu_team(int nranks, const TeamOptions& options, Body body) {
   auto teams = Team::create_single_gpu(nranks, scaled_for_tools(options));
+  std::barrier<> meeting(nranks);
   std::vector<std::thread> threads;
   for (auto& team : teams) {
-    threads.emplace_back([&team, &body] {
+    threads.emplace_back([&team, &body, &meeting] {
       cudaStream_t stream = nullptr;
+      rank_threads_meeting = &meeting;
       try {
         // A new thread starts on device 0: put it on the team's GPU first.
         if (cudaSetDevice(team->device()) != cudaSuccess) throw std::runtime_error("cudaSetDevice");
@@ -47,6 +80,7 @@ void on_single_gpu_team(int nranks, const TeamOptions& options, Body body) {
       } catch (const std::exception& e) {
         ADD_FAILURE() << "rank " << team->rank() << " of " << team->size() << ": " << e.what();
       }
+      leave_rank_threads_meeting();
       if (stream != nullptr) cudaStreamDestroy(stream);
     });
   }
