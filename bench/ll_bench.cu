@@ -186,8 +186,10 @@ struct Traffic {
             double(received_rows) * 2 * H * (fp8 ? (1 + 4.0 / 128) / 2 : 1.0)};
   }
   OpBytes combine(LlCombineOrder order) const {
+    // Rows back travel as lines (core::kLlLineBytes, 112 bytes of row in each).
     const int64_t rows_back = order == LlCombineOrder::local ? remote_messages : remote_slots;
-    return {double(rows_back) * 2 * hidden, double(received_rows) * 2 * hidden};
+    const double row_bytes = double(core::kLlLineBytes) * core::ll_row_lines(int(2 * hidden));
+    return {double(rows_back) * row_bytes, double(received_rows) * 2 * hidden};
   }
 };
 

@@ -13,6 +13,7 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
   a.num_experts = o.num_experts;
   a.combine_slots = std::max(num_ranks, o.max_topk);
   a.payload_bytes = std::size_t(o.hidden) * 4;
+  a.combine_row_bytes = std::size_t(kLlLineBytes) * ll_row_lines(2 * o.hidden);
   const std::size_t R = num_ranks, T = o.max_tokens_per_rank, sets = kLlSets;
   const std::size_t messages = sets * R * T;
 
@@ -22,7 +23,7 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
   a.expert_counts = shared.take(sizeof(LlWord) * sets * R * a.experts_per_rank());
   a.headers = shared.take(sizeof(LlWord) * kLlHeaderWords * messages);
   a.payloads = shared.take(a.payload_bytes * messages);
-  a.combine_rows = shared.take(std::size_t(2) * o.hidden * sets * a.combine_slots * T);
+  a.combine_rows = shared.take(a.combine_row_bytes * sets * a.combine_slots * T);
   a.symmetric_bytes = shared.end();
 
   AreaCursor own;

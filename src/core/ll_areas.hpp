@@ -4,9 +4,9 @@
 //
 // Symmetric, on each rank ("me"), written by other ranks over NVLink:
 //   flags            uint64 [kind][op][set][R peer] (op 0 dispatch, op 1 combine), a call's sequence
-//                    number (src/kernels/ll/protocol.cuh): kind 0 "ready": the peer's writes to me
-//                    for the call are complete; kind 1 "freed": the peer has finished reading what I
-//                    wrote to it in the call
+//                    number (src/kernels/ll/protocol.cuh): kind 0 "freed": the peer has finished
+//                    reading what I wrote to it in the call (the data carries its call's stamp, so there
+//                    is no "ready" kind)
 //   The dispatch's areas hold stamped words (LlWord: 4 bytes of data, the call's stamp above them, one
 //   8-byte store each), so a receiver knows a word is this call's without a flag:
 //   manifests        LlWord [set][R source][T_max / 32]: word j, bit i: the source's token 32 j + i sends
@@ -14,8 +14,9 @@
 //   expert_counts    LlWord [set][R source][E_local]: how many of the source's tokens name each local expert
 //   headers          LlWord [set][R source][T_max][kLlHeaderWords]: the dedup message of source token t
 //   payloads         LlWord [set][R source][T_max][H / 2]: its row, BF16; or FP8 values then float scales
-//   combine_rows     bf16 [set][S][T_max][H], S = max(R, K_max): row (r, t) is expert side r's partial
-//                    sum of my token t (local order), row (k, t) the output of my token t's slot k (naive)
+//   combine_rows     LlLine rows [set][S][T_max][ll_row_lines(2 H)], S = max(R, K_max): row (r, t) is
+//                    expert side r's partial sum (BF16) of my token t (local order), row (k, t) the output
+//                    of my token t's slot k (naive), each as lines that carry the call's stamp
 // Private (this rank's kernels only):
 //   blocks_done      uint32 [op][step]: CTAs done with a step of the running kernel (zero between kernels)
 //   message_slots    uint32 [set][R][T_max]: the slots of each received message (0: none came)
@@ -43,7 +44,7 @@ inline constexpr int kLlMaxHidden = 16384;
 inline constexpr int kLlMaxExperts = 4096;  // a receive step keeps (expert, source) row offsets in shared memory
 inline constexpr int kLlSets = 2;
 enum LlOp : int { kLlDispatch = 0, kLlCombine = 1, kLlOps = 2 };
-enum LlFlag : int { kLlReady = 0, kLlFreed = 1, kLlFlagKinds = 2 };
+enum LlFlag : int { kLlFreed = 0, kLlFlagKinds = 1 };
 
 // A stamped word of the dispatch's areas: data in the low half, the call's stamp (ll_stamp) in the high
 // half, written and read as one 8-byte access (single-copy atomic), so a reader that sees the stamp sees
@@ -53,6 +54,14 @@ using LlWord = uint64_t;
 // consecutive calls.
 inline constexpr uint32_t ll_stamp(uint64_t seq) { return uint32_t(seq % 0xFFFFFFFFull) + 1u; }
 inline constexpr LlWord ll_word(uint32_t stamp, uint32_t data) { return (uint64_t(stamp) << 32) | data; }
+
+// The combine's rows travel as lines: 128 bytes, 7 vectors of 16 row bytes (vector v of line l holds row
+// bytes [112 l + 16 v, +16); zeros past the row) and a stamp vector (ll_stamp of the call in its first
+// word), the 8 vectors stored by 8 lanes of one warp in one store instruction. A reader that sees a
+// line's stamp takes the whole line: NVLink delivers a warp's 128-byte line whole (NCCL's LL128 rests on
+// the same; epx-bench's stamp probe counts torn lines in every run).
+inline constexpr int kLlLineBytes = 128, kLlLineVectors = 8, kLlLineDataBytes = 112;
+inline constexpr int ll_row_lines(int row_bytes) { return (row_bytes + kLlLineDataBytes - 1) / kLlLineDataBytes; }
 
 // One dedup message's routing part, the slots of the token whose experts live on the destination, as
 // kLlHeaderWords data words:
@@ -77,8 +86,9 @@ struct LlHomeToken {
 
 struct LlAreas {
   int num_ranks = 0, max_tokens = 0, num_experts = 0;
-  int combine_slots = 0;          // S = max(R, K_max)
-  std::size_t payload_bytes = 0;  // 4 H: a BF16 row as stamped words; an FP8 row and its scales fit too
+  int combine_slots = 0;              // S = max(R, K_max)
+  std::size_t payload_bytes = 0;      // 4 H: a BF16 row as stamped words; an FP8 row and its scales fit too
+  std::size_t combine_row_bytes = 0;  // a BF16 row as lines: kLlLineBytes * ll_row_lines(2 H)
 
   // Symmetric offsets.
   std::size_t flags = 0, manifests = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0;

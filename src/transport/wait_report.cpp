@@ -43,7 +43,7 @@ std::string describe(const WaitReport& report) {
   }
   const auto phase = static_cast<WaitPhase>(report.phase);
   char what[160];
-  if (phase == WaitPhase::ll_dispatch_recv) {  // LL stamped words (core::LlWord): the stamp above the data
+  if (phase == WaitPhase::ll_dispatch_recv || phase == WaitPhase::ll_combine_recv) {  // LL stamps: the high half
     std::snprintf(what, sizeof what, "expected a word of call stamp %u, saw stamp %u (data %u)",
                   unsigned(report.expected >> 32), unsigned(report.observed >> 32),
                   unsigned(report.observed & 0xFFFFFFFFu));

@@ -2,19 +2,23 @@
 // its local experts (local order) or one per slot (naive order); the home rank adds them up.
 //
 // Protocol, for combine buffer set `set`, reversing the dispatch of set `dset` (areas of
-// core::LlAreas; flags, the sequence number and the "set is free" wait as in protocol.cuh).
+// core::LlAreas; the sequence number and the "set is free" wait as in protocol.cuh). The rows travel as
+// lines (core::kLlLineBytes: 7 vectors of the row and a stamp vector holding ll_stamp(cseq), a warp's
+// store instruction writing 4 whole lines), so the home rank takes each line once its stamp shows:
+// there is no "ready" flag, no fence and no count.
 //   Send (expert side me): per message (s, t) that dispatch received (its private record: slots,
-//   entry_rows, entry_weights) from a home rank s not masked now, split into parts over warps; a warp
-//   waits until every home rank has freed `set` before its first remote store:
+//   entry_rows, entry_weights) from a home rank s not masked now, split into items of 8 lines over
+//   warps; a warp waits until every home rank has freed `set` before its first remote store:
 //     local: p = 0; for its slots k ascending: p = fmaf(weight_k, y[entry_rows_k], p); the BF16 of p
 //            goes to combine_row(s, set, me, t) (a slot repeating an expert counts again, with its weight);
 //     naive: y[entry_rows_k] goes to combine_row(s, set, k, t) for every slot k.
-//     Then the last CTA signals ready to every rank.
-//   Receive (home me): every CTA waits until every rank has signalled ready. Then
+//   Receive (home me): per token t and item of 8 lines, a warp waits for the item's lines of each row it
+//   adds (bounded, wait_for_words; a rank masked when the step starts is not read, one masked while
+//   the warp waits is left out) and
 //     out[t] = BF16 of: local: the sum of float(combine_row(me, set, r, t)) over t's ranks r ascending
 //     (home(dset, t)); naive: fmaf(w[t][k], float(combine_row(me, set, k, t)), acc) over t's valid
-//     slots k ascending. Ranks masked now are left out (rank masking, protocol.cuh). A token with no
-//     expert gets 0. Then the last CTA signals freed to every rank.
+//     slots k ascending. A token with no expert gets 0. Then the last CTA signals freed to every rank
+//     not masked.
 #include <cuda_bf16.h>
 
 #include "core/cuda_check.hpp"
@@ -28,39 +32,31 @@ namespace epx::kernels::ll {
 namespace {
 
 constexpr int kThreads = 512;
-static_assert(kThreads >= kMaxNvlinkRanks, "send() loads one rank's mask per thread");
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kColsPerLane = 16;                    // two 16-byte vectors of BF16
-constexpr int kColsPerItem = kWarp * kColsPerLane;  // a work item: 512 columns of one row
-constexpr int kRowsInFlight = 4;                    // rows whose vectors a lane loads before it adds
+constexpr int kLinesPerItem = 8;                          // a work item: two store instructions
+constexpr int kDataVectors = core::kLlLineVectors - 1;    // vector 7 of a line is its stamp
+constexpr int kColsPerVector = 8;                         // 16 bytes of BF16
+constexpr int kColsPerLine = core::kLlLineDataBytes / 2;  // 56
+constexpr int kRowsInFlight = 4;                          // rows whose vectors a lane loads before it adds
 
 using core::LlHomeToken;
 
-struct Vectors {  // one lane's 16 columns of a BF16 row
-  uint4 v[2];
-};
+// Lane i's place in item g of a row: in store (or load) instruction j, vector i % 8 of line
+// 8 g + 4 j + i / 8; a data vector v < 7 of line l holds columns 56 l + 8 v .. + 7.
+__device__ int item_line(int g, int j) { return kLinesPerItem * g + 4 * j + int(threadIdx.x % kWarp) / 8; }
+__device__ int lane_vector() { return int(threadIdx.x % kWarp) % core::kLlLineVectors; }
+__device__ int line_col(int line) { return kColsPerLine * line + kColsPerVector * lane_vector(); }
 
-__device__ Vectors load_row(const uint16_t* row, int col) {
-  const uint4* p = reinterpret_cast<const uint4*>(row + col);
-  return Vectors{{p[0], p[1]}};
-}
-
-__device__ void store_row(uint16_t* row, int col, const Vectors& x) {
-  uint4* p = reinterpret_cast<uint4*>(row + col);
-  p[0] = x.v[0];
-  p[1] = x.v[1];
-}
-
-__device__ float bf16_at(const Vectors& x, int i) {
-  const uint32_t w = (&x.v[0].x)[i / 2];
+__device__ float bf16_at(const uint4& x, int i) {
+  const uint32_t w = (&x.x)[i / 2];
   return __uint_as_float(i % 2 == 0 ? w << 16 : w & 0xFFFF0000u);
 }
 
-__device__ Vectors to_bf16(const float (&acc)[kColsPerLane]) {
-  Vectors out;
-  uint32_t* w = &out.v[0].x;
+__device__ uint4 to_bf16(const float (&acc)[kColsPerVector]) {
+  uint4 out;
+  uint32_t* w = &out.x;
 #pragma unroll
-  for (int i = 0; i < kColsPerLane / 2; ++i) {
+  for (int i = 0; i < kColsPerVector / 2; ++i) {
     const __nv_bfloat162 pair = __float22bfloat162_rn(make_float2(acc[2 * i], acc[2 * i + 1]));
     w[i] = *reinterpret_cast<const uint32_t*>(&pair);
   }
@@ -69,11 +65,18 @@ __device__ Vectors to_bf16(const float (&acc)[kColsPerLane]) {
 
 // ---- Send ----
 
-// One warp, part `part` of `parts` of message (s, t): its columns of the message's rows back to the
-// home rank s (local order: reduced; naive: one row per slot). Returns false when the team failed.
+// What lane i stores in instruction j: a data vector (zeros past the row) or the stamp vector.
+__device__ uint4 line_vector(const CombineParams& p, uint32_t stamp, int col, uint4 data) {
+  if (lane_vector() == kDataVectors) return make_uint4(stamp, 0u, 0u, 0u);
+  return col < p.hidden ? data : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// One warp, part `part` of `parts` of message (s, t): its lines of the message's rows back to the home
+// rank s (local order: reduced; naive: one row per slot). Returns false when the team failed.
 __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t, int part, int parts, bool& free) {
   const LlView& v = p.v;
   const int me = v.team.rank, lane = threadIdx.x % kWarp;
+  const uint32_t stamp = core::ll_stamp(cseq);
   const uint32_t slots = *v.message_slots_of(p.dispatch_set, s, t);
   const int k = lane % core::kLlMaxTopk;
   const int32_t row_of_slot = v.entry_rows_of(p.dispatch_set, s, t)[k];
@@ -82,115 +85,183 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
   if (slots == 0u || home_masked) return true;  // no message from (s, t) in that dispatch, or s is masked
   if (!free) free = wait_set_free(v, core::kLlCombine, p.set, cseq);
   if (!free) return false;
-  const int chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
-  for (int chunk = part; chunk < chunks; chunk += parts) {
-    const int col = chunk * kColsPerItem + lane * kColsPerLane;
-    const bool active = col < p.hidden;
+  const int lines = v.combine_row_lines(), items = (lines + kLinesPerItem - 1) / kLinesPerItem;
+  const int vector = lane_vector();
+  for (int g = part; g < items; g += parts) {
+    int line[2], col[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      line[j] = item_line(g, j);
+      col[j] = vector < kDataVectors ? line_col(line[j]) : p.hidden;  // the stamp lane loads nothing
+    }
     if (p.naive) {
       for (uint32_t rest = slots; rest != 0u; rest &= rest - 1u) {
         const int slot = __ffs(rest) - 1;
         const int32_t row = __shfl_sync(~0u, row_of_slot, slot);
-        if (active) store_row(v.combine_row(s, p.set, slot, t), col, load_row(p.y + row * p.y_row_stride, col));
+        uint4* out = v.combine_row(s, p.set, slot, t);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint4 data = col[j] < p.hidden ? *reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j])
+                                               : make_uint4(0u, 0u, 0u, 0u);
+          if (line[j] < lines)
+            store_vector(out + line[j] * core::kLlLineVectors + vector, line_vector(p, stamp, col[j], data));
+        }
       }
       continue;
     }
-    float acc[kColsPerLane] = {};
+    float acc[2][kColsPerVector] = {};
     for (uint32_t rest = slots; rest != 0u;) {
       int slot[kRowsInFlight];
-      Vectors in[kRowsInFlight];
+      uint4 in[kRowsInFlight][2];
 #pragma unroll
       for (int b = 0; b < kRowsInFlight; ++b) {
         slot[b] = rest != 0u ? __ffs(rest) - 1 : -1;
         rest &= rest - 1u;
         const int32_t row = __shfl_sync(~0u, row_of_slot, max(slot[b], 0));
-        if (slot[b] >= 0 && active) in[b] = load_row(p.y + row * p.y_row_stride, col);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          if (slot[b] >= 0 && col[j] < p.hidden)
+            in[b][j] = *reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j]);
+        }
       }
 #pragma unroll
       for (int b = 0; b < kRowsInFlight; ++b) {
         const float w = __shfl_sync(~0u, weight_of_slot, max(slot[b], 0));
-        if (slot[b] < 0 || !active) continue;
+        if (slot[b] < 0) continue;
 #pragma unroll
-        for (int i = 0; i < kColsPerLane; ++i) acc[i] = __fmaf_rn(w, bf16_at(in[b], i), acc[i]);
+        for (int j = 0; j < 2; ++j) {
+          if (col[j] >= p.hidden) continue;
+#pragma unroll
+          for (int i = 0; i < kColsPerVector; ++i) acc[j][i] = __fmaf_rn(w, bf16_at(in[b][j], i), acc[j][i]);
+        }
       }
     }
-    if (active) store_row(v.combine_row(s, p.set, me, t), col, to_bf16(acc));
+    uint4* out = v.combine_row(s, p.set, me, t);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (line[j] < lines)
+        store_vector(out + line[j] * core::kLlLineVectors + vector, line_vector(p, stamp, col[j], to_bf16(acc[j])));
+    }
   }
   return true;
 }
 
 __device__ void send(const CombineParams& p, uint64_t cseq) {
-  __shared__ bool masked[kMaxNvlinkRanks];
   const LlView& v = p.v;
-  // This CTA's view of the mask for the signals (loaded now, used at the end).
-  const bool rank_masked = int(threadIdx.x) < v.team.nranks && is_masked(v, threadIdx.x);
   const int messages = v.team.nranks * v.max_tokens;
   const int warps = gridDim.x * kWarps;
-  const int chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
-  const int parts = max(1, min(warps / messages, chunks));  // about one work item per warp
-  bool free = false;                                        // this warp has seen the set freed by every home rank
+  const int lines = v.combine_row_lines(), items = (lines + kLinesPerItem - 1) / kLinesPerItem;
+  const int parts = max(1, min(warps / messages, items));  // about one work item per warp
+  bool free = false;                                       // this warp has seen the set freed by every home rank
   bool ok = true;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = item / parts;
     ok = send_message(p, cseq, message / v.max_tokens, message % v.max_tokens, item % parts, parts, free);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_sent>(v.team);
-  if (int(threadIdx.x) < v.team.nranks) masked[threadIdx.x] = rank_masked;
-  last_cta_signals(v, v.blocks_done_of(core::kLlCombine, kLlSend), masked, core::kLlReady, core::kLlCombine, p.set,
-                   cseq, [&](int) { transport::trace<transport::TracePoint::ll_combine_signalled>(v.team); });
 }
 
 // ---- Receive ----
 
-// One warp: 512 columns of out[t]. `masked`: the CTA's view of the mask (wait_every_peer).
-__device__ void receive_item(const CombineParams& p, const bool* masked, int t, int chunk) {
+// One row's vectors of item g for this lane (both instructions); returns on every lane whether the warp
+// has all of the item's lines of that row (each line's stamp is in the vector of its lane 8 m + 7).
+__device__ bool load_item(const uint4* row, int g, int lines, uint32_t stamp, uint4 (&x)[2]) {
+  const int lane = threadIdx.x % kWarp;
+  bool here = true;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int line = item_line(g, j);
+    if (line < lines) x[j] = load_vector(row + line * core::kLlLineVectors + lane_vector());
+    const uint32_t line_stamp = __shfl_sync(~0u, x[j].x, lane | (core::kLlLineVectors - 1));
+    here = here && (line >= lines || line_stamp == stamp);
+  }
+  return __all_sync(~0u, here);
+}
+
+// One warp: item g of out[t]. `masked`: the CTA's view of the mask when the step started. Returns false
+// when the team failed.
+__device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_t stamp, int t, int g) {
   const LlView& v = p.v;
   const int me = v.team.rank, lane = threadIdx.x % kWarp;
-  const int col = chunk * kColsPerItem + lane * kColsPerLane;
-  if (col >= p.hidden) return;
+  const int lines = v.combine_row_lines();
   const LlHomeToken home = *v.home_of(p.dispatch_set, t);
-  float acc[kColsPerLane] = {};
-  if (p.naive) {
-    for (uint32_t slots = home.slots; slots != 0u; slots &= slots - 1u) {
-      const int k = __ffs(slots) - 1;
-      if (masked[home.slot_ranks[k]]) continue;
-      const float w = p.weights[t * p.weights_row_stride + k];
-      const Vectors in = load_row(v.combine_row(me, p.set, k, t), col);
+  // The rows t adds: local order, one per destination rank (row r); naive, one per valid slot (row k).
+  const int rows = p.naive ? __popc(home.slots) : home.num_ranks;
+  uint32_t naive_rest = home.slots;
+  float acc[2][kColsPerVector] = {};
+  for (int i0 = 0; i0 < rows; i0 += kRowsInFlight) {
+    uint4 in[kRowsInFlight][2] = {};
+    int rank[kRowsInFlight], slot[kRowsInFlight];
+    bool here[kRowsInFlight];
 #pragma unroll
-      for (int i = 0; i < kColsPerLane; ++i) acc[i] = __fmaf_rn(w, bf16_at(in, i), acc[i]);
-    }
-  } else {
-    for (int i0 = 0; i0 < home.num_ranks; i0 += kRowsInFlight) {
-      Vectors in[kRowsInFlight];
-      bool used[kRowsInFlight];
-#pragma unroll
-      for (int b = 0; b < kRowsInFlight; ++b) {
-        used[b] = i0 + b < home.num_ranks && !masked[home.ranks[i0 + b]];
-        if (used[b]) in[b] = load_row(v.combine_row(me, p.set, home.ranks[i0 + b], t), col);
+    for (int b = 0; b < kRowsInFlight; ++b) {
+      slot[b] = -1;
+      rank[b] = -1;
+      if (i0 + b < rows) {
+        if (p.naive) {
+          slot[b] = __ffs(naive_rest) - 1;
+          naive_rest &= naive_rest - 1u;
+          rank[b] = home.slot_ranks[slot[b]];
+        } else {
+          rank[b] = home.ranks[i0 + b];
+          slot[b] = rank[b];
+        }
+        if (masked[rank[b]]) rank[b] = -1;
       }
+      here[b] = rank[b] < 0 || load_item(v.combine_row(me, p.set, max(slot[b], 0), t), g, lines, stamp, in[b]);
+    }
 #pragma unroll
-      for (int b = 0; b < kRowsInFlight; ++b) {
-        if (!used[b]) continue;
+    for (int b = 0; b < kRowsInFlight; ++b) {
+      if (rank[b] < 0) continue;
+      if (!here[b]) {
+        const uint4* row = v.combine_row(me, p.set, slot[b], t);
+        const PeerWait got = wait_for_words(
+            v, rank[b], stamp, [&] { return load_item(row, g, lines, stamp, in[b]); },
+            [&] { return core::ll_word(__shfl_sync(~0u, in[b][0].x, lane | (core::kLlLineVectors - 1)), 0u); },
+            transport::WaitSite{transport::WaitPhase::ll_combine_recv, rank[b], uint32_t(t)});
+        if (got == PeerWait::failed) return false;
+        if (got == PeerWait::masked) continue;  // masked while this warp waited: left out
+      }
+      const float w = p.naive ? p.weights[t * p.weights_row_stride + slot[b]] : 1.0f;
 #pragma unroll
-        for (int i = 0; i < kColsPerLane; ++i) acc[i] = __fadd_rn(acc[i], bf16_at(in[b], i));
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int i = 0; i < kColsPerVector; ++i) {
+          acc[j][i] =
+              p.naive ? __fmaf_rn(w, bf16_at(in[b][j], i), acc[j][i]) : __fadd_rn(acc[j][i], bf16_at(in[b][j], i));
+        }
       }
     }
   }
-  store_row(p.out + t * p.out_row_stride, col, to_bf16(acc));
+  const int vector = lane_vector();
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int line = item_line(g, j), col = line_col(line);
+    if (line < lines && vector < kDataVectors && col < p.hidden)
+      *reinterpret_cast<uint4*>(p.out + t * p.out_row_stride + col) = to_bf16(acc[j]);
+  }
+  return true;
 }
 
 __device__ void receive(const CombineParams& p, uint64_t cseq) {
   const LlView& v = p.v;
-  __shared__ bool masked[kMaxNvlinkRanks];
-  if (!wait_every_peer(v, core::kLlCombine, p.set, cseq, transport::WaitPhase::ll_combine_recv, masked)) return;
-  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_acquired>(v.team);
-  const int chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
-  const int items = p.num_tokens * chunks;
-  for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; item < items; item += gridDim.x * kWarps) {
-    receive_item(p, masked, item / chunks, item % chunks);
+  const int R = v.team.nranks;
+  const uint32_t stamp = core::ll_stamp(cseq);
+  __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask (protocol.cuh)
+  for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
+  __syncthreads();
+  const int lines = v.combine_row_lines(), per_row = (lines + kLinesPerItem - 1) / kLinesPerItem;
+  const int items = p.num_tokens * per_row;
+  bool ok = true;
+  for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < items; item += gridDim.x * kWarps) {
+    ok = receive_item(p, masked, stamp, item / per_row, item % per_row);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
-  last_cta_signals(v, v.blocks_done_of(core::kLlCombine, kLlReceive), masked, core::kLlFreed, core::kLlCombine, p.set,
-                   cseq, [](int) {});
+  // "freed" goes to the ranks not masked now (one may have been masked while the step ran).
+  __shared__ bool masked_now[kMaxNvlinkRanks];
+  for (int r = threadIdx.x; r < R; r += blockDim.x) masked_now[r] = masked[r] || is_masked(v, r);
+  last_cta_signals(v, v.blocks_done_of(core::kLlCombine, kLlReceive), masked_now, core::kLlFreed, core::kLlCombine,
+                   p.set, cseq, [](int) {});
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {

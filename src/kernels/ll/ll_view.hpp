@@ -57,9 +57,11 @@ struct LlView {
   __device__ core::LlWord* payload(int owner, int set, int src, int t) const {
     return reinterpret_cast<core::LlWord*>(base.base[owner] + payloads) + message(set, src, t) * int64_t(hidden) / 2;
   }
-  __device__ uint16_t* combine_row(int owner, int set, int slot, int t) const {
-    return reinterpret_cast<uint16_t*>(base.base[owner] + combine_rows) +
-           ((int64_t(set) * combine_slots + slot) * max_tokens + t) * hidden;
+  // Line l of a combine row is vectors [8 l, 8 l + 8) (core::kLlLineBytes).
+  __device__ int combine_row_lines() const { return core::ll_row_lines(2 * hidden); }
+  __device__ uint4* combine_row(int owner, int set, int slot, int t) const {
+    return reinterpret_cast<uint4*>(base.base[owner] + combine_rows) +
+           ((int64_t(set) * combine_slots + slot) * max_tokens + t) * combine_row_lines() * core::kLlLineVectors;
   }
   // The private CTA counter of a kernel step (last_cta_done), per op and LlPhase.
   __device__ uint32_t* blocks_done_of(int op, int phase) const {

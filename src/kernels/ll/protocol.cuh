@@ -6,11 +6,9 @@
 //   * Before a warp first writes into peers' copies of the set, it waits until every peer's
 //     freed(me, op, set, peer) >= seq - 1: the peer has finished reading the set's previous use, so
 //     nothing unread is overwritten, whatever the order of calls (captured graphs included).
-//   * Combine: when every CTA's writes are done (last_cta_done: the last CTA, after fences, is the one
-//     that signals), ready(r, op, set, me) = seq on every rank r. The receive step waits until
-//     ready(me, op, set, r) >= seq for every r. The dispatch has no "ready": its data travels as
-//     stamped words (core::LlWord, stamp ll_stamp(seq)), and its receive step waits for each word's
-//     stamp (wait_for_words).
+//   * There is no "ready" flag: the data carries the call's stamp ll_stamp(seq), the dispatch's in
+//     stamped words (core::LlWord), the combine's in lines (core::kLlLineBytes), and a receive step
+//     waits for the stamps of what it reads (wait_for_words).
 //   * When every CTA's reads are done, freed(r, op, set, me) = seq on every rank r (me included).
 // Signals are system-scope release stores by one thread; waits are acquires, bounded (wait_at_least).
 // One remote signal per call and peer: many CTAs adding to one remote counter serialise on it.
@@ -87,11 +85,28 @@ __device__ __forceinline__ ulonglong2 load_words(const core::LlWord* p) {
   return v;
 }
 __device__ __forceinline__ bool has_stamp(core::LlWord w, uint32_t stamp) { return uint32_t(w >> 32) == stamp; }
+
+// Line vectors (core::kLlLineBytes): 16-byte volatile accesses; a warp stores a line's 8 with one
+// instruction (8 lanes), and a reader takes the line once its stamp vector shows the call's stamp.
+__device__ __forceinline__ void store_vector(uint4* p, uint4 a) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w)
+               : "memory");
+}
+__device__ __forceinline__ uint4 load_vector(const uint4* p) {
+  uint4 a;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w)
+               : "l"(p)
+               : "memory");
+  return a;
+}
 __device__ __forceinline__ uint32_t data_of(core::LlWord w) { return uint32_t(w); }
 
-// This thread waits (wait_for_peer_with) until arrived(), which loads stamped words of source s into
-// the caller's variables and says whether each carries the call's stamp; last_seen() is the word to
-// report if not. The words need no acquire: each vouches for its own data.
+// This thread waits (wait_for_peer_with) until arrived(), which loads stamped words (or lines) of source
+// s into the caller's variables and says whether each carries the call's stamp; last_seen() is the word
+// to report if not. Nothing needs an acquire: each word (line) vouches for its own data. An arrived()
+// with warp collectives (the combine's lines) must be called by the whole warp and return the same on
+// every lane: then every lane spins and stops alike.
 template <typename Arrived, typename LastSeen>
 __device__ PeerWait wait_for_words(const LlView& v, int s, uint32_t stamp, Arrived arrived, LastSeen last_seen,
                                    transport::WaitSite site) {
@@ -112,18 +127,6 @@ __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t 
                        transport::WaitSite{transport::WaitPhase::ll_set_reuse, r, uint32_t(set)}) != PeerWait::failed;
   }
   return __all_sync(~0u, ok);
-}
-
-// The whole CTA waits until every peer's writes of the call are here ("ready"). masked[r] (shared
-// memory, kMaxNvlinkRanks entries) becomes the ranks the CTA went on without: its view of the mask.
-__device__ inline bool wait_every_peer(const LlView& v, int op, int set, uint64_t seq, transport::WaitPhase phase,
-                                       bool* masked) {
-  return wait_for_all_ranks(v.team, [&](int r) {
-    const PeerWait w = wait_for_peer(v, r, v.flag(v.team.rank, core::kLlReady, op, set, r), seq,
-                                     transport::WaitSite{phase, r, uint32_t(set)});
-    masked[r] = w == PeerWait::masked;
-    return w != PeerWait::failed;
-  });
 }
 
 // Every thread of every CTA calls it once its accesses for the step are done. The last CTA's thread 0

@@ -42,9 +42,7 @@ enum class TracePoint : int {
   ll_dispatch_end,           // every CTA is done (the last one after its "freed" signals)
   ll_combine_start,          // LL combine (sends and receive in one launch): its first CTA has started
   ll_combine_sent,           // every warp has issued its send items' stores
-  ll_combine_signalled,      // the last sending CTA signals "ready" (after its fences)
-  ll_combine_acquired,       // every CTA has every peer's "ready"
-  ll_combine_received,       // every warp has written its output columns
+  ll_combine_received,       // every warp has written its output columns (its rows' lines all came)
   ll_combine_end,            // every CTA is done (the last one after its "freed" signals)
   count
 };
@@ -82,8 +80,6 @@ inline constexpr TracePointInfo kTracePointInfo[] = {
     {"ll_end", false},
     {"llc_start", true},
     {"llc_sent", false},
-    {"llc_signalled", false},
-    {"llc_acquired", false},
     {"llc_received", false},
     {"llc_end", false},
 };
