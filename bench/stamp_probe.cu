@@ -19,6 +19,7 @@
 
 #include "bench/team_sync.hpp"
 #include "core/cuda_check.hpp"
+#include "kernels/ll/protocol.cuh"
 #include "transport/device/wait.cuh"
 
 namespace epx::bench {
@@ -56,18 +57,9 @@ __device__ uint4 line_vector(uint32_t epoch, int line, int vector) {
                                         payload(epoch, line, vector, 2), payload(epoch, line, vector, 3)};
 }
 
-__device__ void store_v4(uint4* p, uint4 v) {
-  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-
-__device__ uint4 load_v4_volatile(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
+// The LL protocols' own accesses (kernels/ll/protocol.cuh): 16-byte volatile stores and loads.
+using kernels::ll::load_vector;
+using kernels::ll::store_vector;
 
 __device__ bool equal(uint4 a, uint4 b) { return a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w; }
 
@@ -77,8 +69,8 @@ __device__ void write_epoch(Area* peer, uint32_t epoch) {
   const int warps = kWriterBlocks * kThreads / 32;
   const int vector = lane % kVectors;
   for (int line = warp * 4 + lane / kVectors; line < kLines; line += warps * 4) {
-    store_v4(&peer->words[line][vector], stamped_vector(epoch, line, vector));
-    store_v4(&peer->lines[line][vector], line_vector(epoch, line, vector));
+    store_vector(&peer->words[line][vector], stamped_vector(epoch, line, vector));
+    store_vector(&peer->lines[line][vector], line_vector(epoch, line, vector));
   }
 }
 
@@ -94,7 +86,7 @@ __device__ void read_epoch(const Area* mine, uint32_t epoch, Counts* counts) {
     // 16 bytes: each lane on its own.
     const uint64_t start = transport::global_timer_ns();
     for (;;) {
-      const uint4 got = load_v4_volatile(&mine->words[line][vector]);
+      const uint4 got = load_vector(&mine->words[line][vector]);
       if (got.x == epoch) {
         torn_16 += !equal(got, stamped_vector(epoch, line, vector));
         break;
@@ -108,7 +100,7 @@ __device__ void read_epoch(const Area* mine, uint32_t epoch, Counts* counts) {
     const uint64_t line_start = transport::global_timer_ns();
     bool done = false;
     for (;;) {
-      const uint4 got = load_v4_volatile(&mine->lines[line][vector]);
+      const uint4 got = load_vector(&mine->lines[line][vector]);
       const uint32_t stamp = __shfl_sync(0xffffffffu, got.x, kVectors - 1, kVectors);
       if (!done && stamp == epoch) {
         torn_128 += !equal(got, line_vector(epoch, line, vector));
