@@ -14,9 +14,9 @@
 //   expert_counts    LlWord [set][R source][E_local]: how many of the source's tokens name each local expert
 //   headers          LlWord [set][R source][T_max][kLlHeaderWords]: the dedup message of source token t
 //   payloads         LlWord [set][R source][T_max][H / 2]: its row, BF16; or FP8 values then float scales
-//   combine_rows     LlLine rows [set][S][T_max][ll_row_lines(2 H)], S = max(R, K_max): row (r, t) is
-//                    expert side r's partial sum (BF16) of my token t (local order), row (k, t) the output
-//                    of my token t's slot k (naive), each as lines that carry the call's stamp
+//   combine_rows     lines [set][S][T_max][ll_row_lines(2 H)], S = max(R, K_max), kLlLineBytes each:
+//                    row (r, t) is expert side r's partial sum (BF16) of my token t (local order), row
+//                    (k, t) the output of my token t's slot k (naive); every line carries its call's stamp
 // Private (this rank's kernels only):
 //   blocks_done      uint32 [op][step]: CTAs done with a step of the running kernel (zero between kernels)
 //   message_slots    uint32 [set][R][T_max]: the slots of each received message (0: none came)

@@ -85,7 +85,7 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
   if (slots == 0u || home_masked) return true;  // no message from (s, t) in that dispatch, or s is masked
   if (!free) free = wait_set_free(v, core::kLlCombine, p.set, cseq);
   if (!free) return false;
-  const int lines = v.combine_row_lines(), items = (lines + kLinesPerItem - 1) / kLinesPerItem;
+  const int lines = core::ll_row_lines(2 * p.hidden), items = (lines + kLinesPerItem - 1) / kLinesPerItem;
   const int vector = lane_vector();
   for (int g = part; g < items; g += parts) {
     int line[2], col[2];
@@ -99,12 +99,16 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
         const int slot = __ffs(rest) - 1;
         const int32_t row = __shfl_sync(~0u, row_of_slot, slot);
         uint4* out = v.combine_row(s, p.set, slot, t);
+        uint4 data[2] = {};
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const uint4 data = col[j] < p.hidden ? *reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j])
-                                               : make_uint4(0u, 0u, 0u, 0u);
+          if (col[j] < p.hidden) data[j] = *reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j]);
+        }
+        __syncwarp();  // a line's 8 vectors in one store instruction (see the protocol)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
           if (line[j] < lines)
-            store_vector(out + line[j] * core::kLlLineVectors + vector, line_vector(p, stamp, col[j], data));
+            store_vector(out + line[j] * core::kLlLineVectors + vector, line_vector(p, stamp, col[j], data[j]));
         }
       }
       continue;
@@ -137,6 +141,7 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
       }
     }
     uint4* out = v.combine_row(s, p.set, me, t);
+    __syncwarp();  // a line's 8 vectors in one store instruction (see the protocol)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       if (line[j] < lines)
@@ -150,7 +155,7 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
   const LlView& v = p.v;
   const int messages = v.team.nranks * v.max_tokens;
   const int warps = gridDim.x * kWarps;
-  const int lines = v.combine_row_lines(), items = (lines + kLinesPerItem - 1) / kLinesPerItem;
+  const int lines = core::ll_row_lines(2 * p.hidden), items = (lines + kLinesPerItem - 1) / kLinesPerItem;
   const int parts = max(1, min(warps / messages, items));  // about one work item per warp
   bool free = false;                                       // this warp has seen the set freed by every home rank
   bool ok = true;
@@ -178,12 +183,26 @@ __device__ bool load_item(const uint4* row, int g, int lines, uint32_t stamp, ui
   return __all_sync(~0u, here);
 }
 
+// For a wait's report (the whole warp): the stamp of the first of the item's lines in `x` (load_item)
+// that does not carry `stamp`, or `stamp` if none.
+__device__ uint32_t first_missing_stamp(int g, int lines, uint32_t stamp, const uint4 (&x)[2]) {
+  const int lane = threadIdx.x % kWarp;
+  uint32_t seen = stamp;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const uint32_t line_stamp = __shfl_sync(~0u, x[j].x, lane | (core::kLlLineVectors - 1));
+    const uint32_t missing = __ballot_sync(~0u, item_line(g, j) < lines && line_stamp != stamp);
+    if (missing != 0u && seen == stamp) seen = __shfl_sync(~0u, line_stamp, __ffs(missing) - 1);
+  }
+  return seen;
+}
+
 // One warp: item g of out[t]. `masked`: the CTA's view of the mask when the step started. Returns false
 // when the team failed.
 __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_t stamp, int t, int g) {
   const LlView& v = p.v;
-  const int me = v.team.rank, lane = threadIdx.x % kWarp;
-  const int lines = v.combine_row_lines();
+  const int me = v.team.rank;
+  const int lines = core::ll_row_lines(2 * p.hidden);
   const LlHomeToken home = *v.home_of(p.dispatch_set, t);
   // The rows t adds: local order, one per destination rank (row r); naive, one per valid slot (row k).
   const int rows = p.naive ? __popc(home.slots) : home.num_ranks;
@@ -215,9 +234,9 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
       if (rank[b] < 0) continue;
       if (!here[b]) {
         const uint4* row = v.combine_row(me, p.set, slot[b], t);
-        const PeerWait got = wait_for_words(
+        const PeerWait got = wait_for_words<true>(
             v, rank[b], stamp, [&] { return load_item(row, g, lines, stamp, in[b]); },
-            [&] { return core::ll_word(__shfl_sync(~0u, in[b][0].x, lane | (core::kLlLineVectors - 1)), 0u); },
+            [&] { return core::ll_word(first_missing_stamp(g, lines, stamp, in[b]), 0u); },
             transport::WaitSite{transport::WaitPhase::ll_combine_recv, rank[b], uint32_t(t)});
         if (got == PeerWait::failed) return false;
         if (got == PeerWait::masked) continue;  // masked while this warp waited: left out
@@ -250,7 +269,7 @@ __device__ void receive(const CombineParams& p, uint64_t cseq) {
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask (protocol.cuh)
   for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
   __syncthreads();
-  const int lines = v.combine_row_lines(), per_row = (lines + kLinesPerItem - 1) / kLinesPerItem;
+  const int lines = core::ll_row_lines(2 * p.hidden), per_row = (lines + kLinesPerItem - 1) / kLinesPerItem;
   const int items = p.num_tokens * per_row;
   bool ok = true;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < items; item += gridDim.x * kWarps) {

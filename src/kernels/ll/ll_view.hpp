@@ -57,7 +57,8 @@ struct LlView {
   __device__ core::LlWord* payload(int owner, int set, int src, int t) const {
     return reinterpret_cast<core::LlWord*>(base.base[owner] + payloads) + message(set, src, t) * int64_t(hidden) / 2;
   }
-  // Line l of a combine row is vectors [8 l, 8 l + 8) (core::kLlLineBytes).
+  // Line l of a combine row is vectors [8 l, 8 l + 8) (core::kLlLineBytes); rows are as long as the
+  // buffer's hidden needs (a call's may be smaller: its lines are the first ll_row_lines(2 H_call)).
   __device__ int combine_row_lines() const { return core::ll_row_lines(2 * hidden); }
   __device__ uint4* combine_row(int owner, int set, int slot, int t) const {
     return reinterpret_cast<uint4*>(base.base[owner] + combine_rows) +

@@ -44,13 +44,18 @@ enum class PeerWait { arrived, masked, failed };
 // A bounded wait for peer r, skipped when r is masked: wait(give_up) is a transport wait (spin_until or
 // its forms) given r's rank mask as give_up under mask_on_timeout. Then a wait on another rank that
 // expires masks it (rank_mask and its host mirror) instead of failing the team, and a wait also ends
-// when r gets masked meanwhile. `failed`: the team failed.
-template <typename Wait>
+// when r gets masked meanwhile. `failed`: the team failed. kWholeWarp: as transport::spin_until's (the
+// whole warp calls it and gets the same answer: lane 0's decisions).
+template <bool kWholeWarp = false, typename Wait>
 __device__ PeerWait wait_for_peer_with(const LlView& v, int r, Wait wait) {
-  if (is_masked(v, r)) return PeerWait::masked;
+  const auto warp_wide = [](bool x) {
+    if constexpr (kWholeWarp) x = __shfl_sync(~0u, x, 0);
+    return x;
+  };
+  if (warp_wide(is_masked(v, r))) return PeerWait::masked;
   uint32_t* give_up = v.mask_on_timeout && r != v.team.rank ? v.rank_mask_of(r) : nullptr;
   if (wait(give_up)) return PeerWait::arrived;
-  if (give_up == nullptr || team_failed(v.team)) return PeerWait::failed;
+  if (warp_wide(give_up == nullptr || team_failed(v.team))) return PeerWait::failed;
   atomicExch(&v.host_report->masked[r], 1u);
   return PeerWait::masked;
 }
@@ -104,15 +109,15 @@ __device__ __forceinline__ uint32_t data_of(core::LlWord w) { return uint32_t(w)
 
 // This thread waits (wait_for_peer_with) until arrived(), which loads stamped words (or lines) of source
 // s into the caller's variables and says whether each carries the call's stamp; last_seen() is the word
-// to report if not. Nothing needs an acquire: each word (line) vouches for its own data. An arrived()
-// with warp collectives (the combine's lines) must be called by the whole warp and return the same on
-// every lane: then every lane spins and stops alike.
-template <typename Arrived, typename LastSeen>
+// to report if not. Nothing needs an acquire: each word (line) vouches for its own data. kWholeWarp (the
+// combine's lines): the whole warp calls it, arrived() may use warp collectives and returns the same on
+// every lane, and so does the wait (transport::spin_until's kWholeWarp).
+template <bool kWholeWarp = false, typename Arrived, typename LastSeen>
 __device__ PeerWait wait_for_words(const LlView& v, int s, uint32_t stamp, Arrived arrived, LastSeen last_seen,
                                    transport::WaitSite site) {
   if (arrived()) return PeerWait::arrived;
-  return wait_for_peer_with(v, s, [&](uint32_t* give_up) {
-    return transport::spin_until(v.team, arrived, core::ll_word(stamp, 0), last_seen, site, give_up);
+  return wait_for_peer_with<kWholeWarp>(v, s, [&](uint32_t* give_up) {
+    return transport::spin_until<kWholeWarp>(v.team, arrived, core::ll_word(stamp, 0), last_seen, site, give_up);
   });
 }
 

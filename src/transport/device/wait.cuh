@@ -46,9 +46,17 @@ __device__ inline bool team_failed(const TeamView& team) {
 // With `give_up` (the LL rank mask of the peer waited for): the wait also returns false once *give_up is
 // nonzero (another wait masked the peer, or the host did), and on expiry it sets *give_up = 1 instead
 // of failing the team; the caller goes on without that peer.
-template <typename Arrived, typename Observed>
+//
+// kWholeWarp: every lane of a warp calls it together, and arrived() (which may use warp collectives)
+// returns the same on every lane; the periodic checks are then lane 0's, so that all lanes stop in the
+// same round and none is left alone in a collective.
+template <bool kWholeWarp = false, typename Arrived, typename Observed>
 __device__ bool spin_until(const TeamView& team, Arrived arrived, uint64_t expected, Observed observed,
                            const WaitSite& site, uint32_t* give_up = nullptr) {
+  const auto warp_wide = [](bool x) {
+    if constexpr (kWholeWarp) x = __shfl_sync(~0u, x, 0);
+    return x;
+  };
   // The clock and the failure word are read only every 1024 spins (they are slower than what is polled);
   // the clock starts at the first such read, so the bound is the timeout plus at most 1024 spins.
   uint64_t start = 0;
@@ -57,7 +65,7 @@ __device__ bool spin_until(const TeamView& team, Arrived arrived, uint64_t expec
     if ((spin & 1023u) == 0u) {
       const uint64_t now = global_timer_ns();
       if (start == 0) start = now;
-      if (now - start > team.timeout_ns) {
+      if (warp_wide(now - start > team.timeout_ns)) {
         if (give_up != nullptr) {
           atomicExch(give_up, 1u);
         } else {
@@ -65,8 +73,7 @@ __device__ bool spin_until(const TeamView& team, Arrived arrived, uint64_t expec
         }
         return false;
       }
-      if (team_failed(team)) return false;
-      if (give_up != nullptr && load_relaxed_sys(give_up) != 0u) return false;
+      if (warp_wide(team_failed(team) || (give_up != nullptr && load_relaxed_sys(give_up) != 0u))) return false;
     }
   }
 }
