@@ -48,14 +48,10 @@ enum class PeerWait { arrived, masked, failed };
 // whole warp calls it and gets the same answer: lane 0's decisions).
 template <bool kWholeWarp = false, typename Wait>
 __device__ PeerWait wait_for_peer_with(const LlView& v, int r, Wait wait) {
-  const auto warp_wide = [](bool x) {
-    if constexpr (kWholeWarp) x = __shfl_sync(~0u, x, 0);
-    return x;
-  };
-  if (warp_wide(is_masked(v, r))) return PeerWait::masked;
+  if (transport::warp_wide<kWholeWarp>(is_masked(v, r))) return PeerWait::masked;
   uint32_t* give_up = v.mask_on_timeout && r != v.team.rank ? v.rank_mask_of(r) : nullptr;
   if (wait(give_up)) return PeerWait::arrived;
-  if (warp_wide(give_up == nullptr || team_failed(v.team))) return PeerWait::failed;
+  if (transport::warp_wide<kWholeWarp>(give_up == nullptr || team_failed(v.team))) return PeerWait::failed;
   atomicExch(&v.host_report->masked[r], 1u);
   return PeerWait::masked;
 }

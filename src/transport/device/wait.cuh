@@ -38,6 +38,13 @@ __device__ inline bool team_failed(const TeamView& team) {
   return load_relaxed_sys(&team.control_of(team.rank)->failed) != 0u;
 }
 
+// A decision of a whole-warp wait (kWholeWarp below): lane 0's, on every lane.
+template <bool kWholeWarp>
+__device__ inline bool warp_wide(bool x) {
+  if constexpr (kWholeWarp) x = __shfl_sync(~0u, x, 0);
+  return x;
+}
+
 // Spins until arrived() (which polls what the caller waits for). Returns false, having recorded why
 // (`expected` and observed() are what the report shows as awaited and seen), when the team's timeout
 // expires or another wait of this team has already expired. Callers must then stop their work and
@@ -53,10 +60,6 @@ __device__ inline bool team_failed(const TeamView& team) {
 template <bool kWholeWarp = false, typename Arrived, typename Observed>
 __device__ bool spin_until(const TeamView& team, Arrived arrived, uint64_t expected, Observed observed,
                            const WaitSite& site, uint32_t* give_up = nullptr) {
-  const auto warp_wide = [](bool x) {
-    if constexpr (kWholeWarp) x = __shfl_sync(~0u, x, 0);
-    return x;
-  };
   // The clock and the failure word are read only every 1024 spins (they are slower than what is polled);
   // the clock starts at the first such read, so the bound is the timeout plus at most 1024 spins.
   uint64_t start = 0;
@@ -65,7 +68,7 @@ __device__ bool spin_until(const TeamView& team, Arrived arrived, uint64_t expec
     if ((spin & 1023u) == 0u) {
       const uint64_t now = global_timer_ns();
       if (start == 0) start = now;
-      if (warp_wide(now - start > team.timeout_ns)) {
+      if (warp_wide<kWholeWarp>(now - start > team.timeout_ns)) {
         if (give_up != nullptr) {
           atomicExch(give_up, 1u);
         } else {
@@ -73,7 +76,8 @@ __device__ bool spin_until(const TeamView& team, Arrived arrived, uint64_t expec
         }
         return false;
       }
-      if (warp_wide(team_failed(team) || (give_up != nullptr && load_relaxed_sys(give_up) != 0u))) return false;
+      if (warp_wide<kWholeWarp>(team_failed(team) || (give_up != nullptr && load_relaxed_sys(give_up) != 0u)))
+        return false;
     }
   }
 }
