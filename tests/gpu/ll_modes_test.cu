@@ -72,6 +72,7 @@ void graph_replays(const LlCase& c, Team& team, cudaStream_t stream) {
     const LlExpected x = build_ll_expected(c, team.size(), kSeed + 100 + uint32_t(i));
     write_ll_inputs(c, x, rank, rig.in[0]);
     poison_ll_outputs(rig.out[0], stream);
+    // One launch of two kernels that wait for each other inside the graph (passed on one queue).
     submit_together([&] { ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess); });
     sync_and_check_errors(rig.buffer, stream);
     SCOPED_TRACE("replay " + std::to_string(i));
@@ -92,10 +93,9 @@ void repeated_calls(const LlCase& c, Team& team, cudaStream_t stream) {
     const int set = i % kSets;
     const LlCombineOrder order = (i / 2) % 2 == 0 ? LlCombineOrder::local : LlCombineOrder::naive;
     poison_ll_outputs(rig.out[set], stream);
-    submit_together([&] {
-      const LlDispatchResult d = rig.buffer.dispatch(rig.dispatch_args(set), Streams{stream});
-      rig.buffer.combine(rig.combine_args(set, d.handle, order), Streams{stream});
-    });
+    LlDispatchResult d;
+    submit_together([&] { d = rig.buffer.dispatch(rig.dispatch_args(set), Streams{stream}); });
+    submit_together([&] { rig.buffer.combine(rig.combine_args(set, d.handle, order), Streams{stream}); });
     sync_and_check_errors(rig.buffer, stream);
     SCOPED_TRACE("call " + std::to_string(i));
     check_ll_combine(c, rig.x[set], rank, rig.out[set], order);
@@ -112,37 +112,32 @@ void split_calls(const LlCase& c, Team& team, cudaStream_t stream) {
   a.send_only = true;
   poison_ll_outputs(rig.out[0], stream);
   LlDispatchResult d;
-  submit_together([&] {
-    d = rig.buffer.dispatch(a, on);
-    ASSERT_TRUE(d.receive) << "rank " << rank << ": send_only dispatch returned no receive step";
-    d.receive();
-  });
+  submit_together([&] { d = rig.buffer.dispatch(a, on); });
+  ASSERT_TRUE(d.receive) << "rank " << rank << ": send_only dispatch returned no receive step";
+  submit_together([&] { d.receive(); });
   sync_and_check_errors(rig.buffer, stream);
   check_ll_dispatch(c, rig.x[0], rank, rig.out[0]);
   LlCombineArgs ca = rig.combine_args(0, d.handle, LlCombineOrder::local);
   ca.send_only = true;
-  submit_together([&] {
-    const LlCombineResult r = rig.buffer.combine(ca, on);
-    ASSERT_TRUE(r.receive) << "rank " << rank << ": send_only combine returned no receive step";
-    r.receive();
-  });
+  LlCombineResult r;
+  submit_together([&] { r = rig.buffer.combine(ca, on); });
+  ASSERT_TRUE(r.receive) << "rank " << rank << ": send_only combine returned no receive step";
+  submit_together([&] { r.receive(); });
   sync_and_check_errors(rig.buffer, stream);
   check_ll_combine(c, rig.x[0], rank, rig.out[0], LlCombineOrder::local);
 
   // send A, send B, receive A, receive B, combine A, combine B.
   for (int set = 0; set < 2; ++set) poison_ll_outputs(rig.out[set], stream);
-  submit_together([&] {
-    std::vector<LlDispatchResult> sent;
-    for (int set = 0; set < 2; ++set) {
-      LlDispatchArgs args = rig.dispatch_args(set);
-      args.send_only = true;
-      sent.push_back(rig.buffer.dispatch(args, on));
-      ASSERT_TRUE(sent.back().receive) << "rank " << rank;
-    }
-    for (const LlDispatchResult& s : sent) s.receive();
-    rig.buffer.combine(rig.combine_args(0, sent[0].handle, LlCombineOrder::local), on);
-    rig.buffer.combine(rig.combine_args(1, sent[1].handle, LlCombineOrder::naive), on);
-  });
+  std::vector<LlDispatchResult> sent(2);
+  for (int set = 0; set < 2; ++set) {
+    LlDispatchArgs args = rig.dispatch_args(set);
+    args.send_only = true;
+    submit_together([&] { sent[std::size_t(set)] = rig.buffer.dispatch(args, on); });
+    ASSERT_TRUE(sent[std::size_t(set)].receive) << "rank " << rank;
+  }
+  for (const LlDispatchResult& s : sent) submit_together([&] { s.receive(); });
+  submit_together([&] { rig.buffer.combine(rig.combine_args(0, sent[0].handle, LlCombineOrder::local), on); });
+  submit_together([&] { rig.buffer.combine(rig.combine_args(1, sent[1].handle, LlCombineOrder::naive), on); });
   sync_and_check_errors(rig.buffer, stream);
   for (int set = 0; set < 2; ++set) check_ll_dispatch(c, rig.x[set], rank, rig.out[set]);
   check_ll_combine(c, rig.x[0], rank, rig.out[0], LlCombineOrder::local);
@@ -217,12 +212,11 @@ void combine_from_buffer(const LlCase& c, Team& team, cudaStream_t stream) {
   ASSERT_EQ(cudaMemcpy2DAsync(y.data, y.row_stride * 2, rig.in[0].y->data, c.H * 2, c.H * 2, y.rows,
                               cudaMemcpyDeviceToDevice, stream),
             cudaSuccess);
-  submit_together([&] {
-    const LlDispatchResult d = rig.buffer.dispatch(rig.dispatch_args(0), Streams{stream});
-    LlCombineArgs a = rig.combine_args(0, d.handle, LlCombineOrder::local);
-    a.y = TensorRef{y.data, ScalarType::bf16, y.rows, c.H, y.row_stride, 1};
-    rig.buffer.combine(a, Streams{stream});
-  });
+  LlDispatchResult d;
+  submit_together([&] { d = rig.buffer.dispatch(rig.dispatch_args(0), Streams{stream}); });
+  LlCombineArgs a = rig.combine_args(0, d.handle, LlCombineOrder::local);
+  a.y = TensorRef{y.data, ScalarType::bf16, y.rows, c.H, y.row_stride, 1};
+  submit_together([&] { rig.buffer.combine(a, Streams{stream}); });
   sync_and_check_errors(rig.buffer, stream);
   check_ll_combine(c, x, rank, rig.out[0], LlCombineOrder::local);
 }

@@ -12,9 +12,12 @@
 // queues), a copy queued behind that waiting kernel cannot start, and while a thread is blocked in a
 // synchronous copy the other threads' launches block in the driver too (seen on LL calls whose ranks
 // do not wait for every rank: "combine launch took 5001 ms" on the ranks whose rows a rank waited
-// for). So LL bodies submit each call's launches with submit_together: the ranks' threads meet before
-// them (every copy of the previous step is done) and after them (every kernel of the call is queued);
-// copies and memsets (which may run on a copy engine) go before the first meeting.
+// for). So LL bodies submit each call with submit_together: the ranks' threads meet before it (every
+// copy of the previous step is done) and after it (every rank's kernel of the call is queued); copies
+// and memsets (which may run on a copy engine) go before the first meeting. One call (one kernel) per
+// rank at a time: on a shared queue a rank's second kernel waits there for its first, and everything
+// queued behind it waits too, other ranks' kernels that the first one waits for included (seen: LL
+// dispatch and combine submitted together timed out on one queue).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,7 +39,7 @@ namespace epx::test {
 // ranks are processes with their own hardware queues).
 inline thread_local std::barrier<>* rank_threads_meeting = nullptr;
 
-// Runs submit() (a rank's launches of one step) once every rank thread of a single-GPU
+// Runs submit() (one call of this rank: one kernel launch) once every rank thread of a single-GPU
 // team has come here, then waits until every one has submitted too (see the rule above). On a world
 // team it only runs submit().
 template <typename Submit>
