@@ -111,6 +111,7 @@ kl::LlView LlBuffer::Impl::make_view() const {
   v.payloads = areas.payloads;
   v.combine_rows = areas.combine_rows;
   v.blocks_done = areas.blocks_done;
+  v.pending_freed = areas.pending_freed;
   v.message_slots = areas.message_slots;
   v.entry_rows = areas.entry_rows;
   v.entry_weights = areas.entry_weights;

@@ -19,6 +19,8 @@
 //                    (k, t) the output of my token t's slot k (naive); every line carries its call's stamp
 // Private (this rank's kernels only):
 //   blocks_done      uint32 [op][step]: CTAs done with a step of the running kernel (zero between kernels)
+//   pending_freed    uint64: the receive step whose "freed" signals to the peers the next LL kernel sends
+//                    (kernels/ll/protocol.cuh; 0: none)
 //   message_slots    uint32 [set][R][T_max]: the slots of each received message (0: none came)
 //   entry_rows       int32 [set][R][T_max][K_max]: packed row e * C + i of each slot of each received message
 //   entry_weights    float [set][R][T_max][K_max]: its weight (combine reads these, not the headers,
@@ -94,7 +96,8 @@ struct LlAreas {
   std::size_t flags = 0, manifests = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0;
   std::size_t symmetric_bytes = 0;
   // Private offsets.
-  std::size_t blocks_done = 0, message_slots = 0, entry_rows = 0, entry_weights = 0, home = 0, rank_mask = 0;
+  std::size_t blocks_done = 0, pending_freed = 0, message_slots = 0, entry_rows = 0, entry_weights = 0, home = 0,
+              rank_mask = 0;
   std::size_t private_bytes = 0;
 
   int experts_per_rank() const { return num_experts / num_ranks; }

@@ -17,8 +17,8 @@
 //   the warp waits is left out) and
 //     out[t] = BF16 of: local: the sum of float(combine_row(me, set, r, t)) over t's ranks r ascending
 //     (home(dset, t)); naive: fmaf(w[t][k], float(combine_row(me, set, k, t)), acc) over t's valid
-//     slots k ascending. A token with no expert gets 0. Then the last CTA signals freed to every rank
-//     not masked.
+//     slots k ascending. A token with no expert gets 0. Then the last CTA records the call as freed;
+//     the signals go out at the start of this rank's next LL kernel (protocol.cuh).
 #include <cuda_bf16.h>
 
 #include "core/cuda_check.hpp"
@@ -276,15 +276,12 @@ __device__ void receive(const CombineParams& p, uint64_t cseq) {
     ok = receive_item(p, masked, stamp, item / per_row, item % per_row);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
-  // "freed" goes to the ranks not masked now (one may have been masked while the step ran).
-  __shared__ bool masked_now[kMaxNvlinkRanks];
-  for (int r = threadIdx.x; r < R; r += blockDim.x) masked_now[r] = masked[r] || is_masked(v, r);
-  last_cta_signals(v, v.blocks_done_of(core::kLlCombine, kLlReceive), masked_now, core::kLlFreed, core::kLlCombine,
-                   p.set, cseq, [](int) {});
+  last_cta_records_freed(v, v.blocks_done_of(core::kLlCombine, kLlReceive), core::kLlCombine, p.set, cseq);
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_start>(p.v.team);
+  if (blockIdx.x == 0 && threadIdx.x == 0) signal_pending_freed(p.v);
   const uint64_t cseq = call_sequence(p.v, core::kLlCombine, p.set);
   if (p.phases & kSend) send(p, cseq);
   if (p.phases & kReceive) receive(p, cseq);

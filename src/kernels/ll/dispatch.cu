@@ -29,7 +29,8 @@
 //   CTA 0 writes layout_range, recv_count and the statistics (waiting for every source's counts). What
 //   combine needs of each message (slots, each slot's packed row and weight; slots 0 for a token that
 //   sent nothing) is kept in private memory, so the set is not read after this step. Then the last CTA
-//   signals freed to every source. Every wait is bounded (wait_for_words).
+//   records the call as freed; the signals go out at the start of this rank's next LL kernel
+//   (protocol.cuh). Every wait is bounded (wait_for_words).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -635,15 +636,12 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
     ok = receive_message(p, masked, stamp, message / v.max_tokens, message % v.max_tokens, item % parts, parts);
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_received>(v.team);
   }
-  // "freed" goes to the sources not masked now (one may have been masked while the step ran).
-  __shared__ bool masked_now[kMaxNvlinkRanks];
-  for (int r = threadIdx.x; r < R; r += blockDim.x) masked_now[r] = masked[r] || is_masked(v, r);
-  last_cta_signals(v, v.blocks_done_of(core::kLlDispatch, kLlReceive), masked_now, core::kLlFreed, core::kLlDispatch,
-                   p.set, seq, [](int) {});
+  last_cta_records_freed(v, v.blocks_done_of(core::kLlDispatch, kLlReceive), core::kLlDispatch, p.set, seq);
 }
 
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_start>(p.v.team);
+  if (blockIdx.x == 0 && threadIdx.x == 0) signal_pending_freed(p.v);
   const uint64_t seq = call_sequence(p.v, core::kLlDispatch, p.set);
   if (p.phases & kSend) send(p, seq);
   if (p.phases & kReceive) receive(p, seq);

@@ -23,7 +23,7 @@ struct LlView {
   transport::SymmetricView base;  // base.base[r]: rank r's symmetric allocation
   char* own;                      // this rank's private allocation
   uint64_t flags, manifests, expert_counts, headers, payloads, combine_rows;
-  uint64_t blocks_done, message_slots, entry_rows, entry_weights, home, rank_mask;
+  uint64_t blocks_done, pending_freed, message_slots, entry_rows, entry_weights, home, rank_mask;
   int32_t max_tokens, hidden, max_topk, num_experts, combine_slots;
   bool mask_on_timeout;  // LlBufferOptions::mask_on_timeout
   LlHostReport* host_report;
@@ -68,6 +68,7 @@ struct LlView {
   __device__ uint32_t* blocks_done_of(int op, int phase) const {
     return reinterpret_cast<uint32_t*>(own + blocks_done) + op * 2 + phase;
   }
+  __device__ uint64_t* pending_freed_word() const { return reinterpret_cast<uint64_t*>(own + pending_freed); }
   __device__ uint32_t* message_slots_of(int set, int src, int t) const {
     return reinterpret_cast<uint32_t*>(own + message_slots) + message(set, src, t);
   }

@@ -9,7 +9,14 @@
 //   * There is no "ready" flag: the data carries the call's stamp ll_stamp(seq), the dispatch's in
 //     stamped words (core::LlWord), the combine's in lines (core::kLlLineBytes), and a receive step
 //     waits for the stamps of what it reads (wait_for_words).
-//   * When every CTA's reads are done, freed(r, op, set, me) = seq on every rank r (me included).
+//   * When every CTA's reads are done, freed(r, op, set, me) = seq on every rank r (me included): the
+//     receive step's last CTA sets its own, freed(me, op, set, me) (the next call's sequence number
+//     reads it), and records the call in pending_freed; the peers' go out from the next LL kernel this
+//     rank runs, at its start (signal_pending_freed). Then no kernel ends with a fence or a remote store:
+//     the step's reads are complete once its kernel is, so nothing needs ordering before the signals.
+//     A peer waits for such a signal only two calls of an op later (above), and by then this rank has
+//     started a later call whenever the calls alternate dispatch and combine (each dispatch waits for
+//     every peer's counts of the same call); otherwise the wait lasts until this rank's next call.
 // Signals are system-scope release stores by one thread; waits are acquires, bounded (wait_at_least).
 // One remote signal per call and peer: many CTAs adding to one remote counter serialise on it.
 //
@@ -130,21 +137,37 @@ __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t 
   return __all_sync(~0u, ok);
 }
 
-// Every thread of every CTA calls it once its accesses for the step are done. The last CTA's thread 0
-// sets flag `kind` about me to seq on every peer not in `masked` (release), unless the team failed;
-// `before(r)` runs first for each such peer r (a store the flag must publish too). `blocks_done` is the
-// step's private CTA counter (last_cta_done); `masked` the CTA's view of the mask (shared memory,
-// written before the call: last_cta_done's barrier publishes it).
-template <typename Before>
-__device__ void last_cta_signals(const LlView& v, uint32_t* blocks_done, const bool* masked, int kind, int op, int set,
-                                 uint64_t seq, Before before) {
-  signal_when_last(v.team, blocks_done, [&] {
-    for (int r = 0; r < v.team.nranks; ++r) {
-      if (masked[r]) continue;
-      before(r);
-      transport::store_release_sys(v.flag(r, kind, op, set, v.team.rank), seq);
-    }
-  });
+// Every thread of every CTA calls it once its reads for the receive step of call seq on (op, set) are
+// done. The last CTA (a GPU-scope acquire-release count, no fence) sets this rank's own freed(me, op,
+// set, me) = seq and records the call for signal_pending_freed, unless the team failed. `blocks_done` is
+// the step's private CTA counter (zero between kernels).
+__device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_done, int op, int set, uint64_t seq) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  uint32_t before;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(blocks_done) : "memory");
+  if (before != gridDim.x - 1) return;
+  *blocks_done = 0;
+  if (team_failed(v.team)) return;  // a failed team signals nothing (its peers time out themselves)
+  *v.flag(v.team.rank, core::kLlFreed, op, set, v.team.rank) = seq;
+  *v.pending_freed_word() = (seq << 2) | uint64_t(op << 1) | uint64_t(set);
+}
+
+// Thread 0 of CTA 0 of every LL kernel, first: sends the "freed" signals of the receive step recorded by
+// an earlier kernel (last_cta_records_freed) to every peer not masked now, and clears the record. The
+// record is this rank's own: no other kernel of the rank runs meanwhile (calls are stream-ordered), and
+// this kernel's own record, if any, comes after every CTA's count (the acquire-release chain above).
+__device__ inline void signal_pending_freed(const LlView& v) {
+  uint64_t* word = v.pending_freed_word();
+  const uint64_t pending = *word;
+  if (pending == 0) return;
+  *word = 0;
+  if (team_failed(v.team)) return;
+  const int op = int(pending >> 1) & 1, set = int(pending & 1u);
+  for (int r = 0; r < v.team.nranks; ++r) {
+    if (r == v.team.rank || is_masked(v, r)) continue;
+    transport::store_release_sys(v.flag(r, core::kLlFreed, op, set, v.team.rank), pending >> 2);
+  }
 }
 
 }  // namespace epx::kernels::ll

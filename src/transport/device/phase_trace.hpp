@@ -39,11 +39,11 @@ enum class TracePoint : int {
   ll_dispatch_routed,        // every receive item has its message's routing (manifest, header, counts)
   ll_dispatch_received,      // every receive item has stored its payload
   ll_dispatch_outputs,       // CTA 0 has written the per-expert outputs
-  ll_dispatch_end,           // every CTA is done (the last one after its "freed" signals)
+  ll_dispatch_end,           // every CTA is done (the last one after recording the call as freed)
   ll_combine_start,          // LL combine (sends and receive in one launch): its first CTA has started
   ll_combine_sent,           // every warp has issued its send items' stores
   ll_combine_received,       // every warp has written its output columns (its rows' lines all came)
-  ll_combine_end,            // every CTA is done (the last one after its "freed" signals)
+  ll_combine_end,            // every CTA is done (the last one after recording the call as freed)
   count
 };
 inline constexpr int kTracePoints = int(TracePoint::count);
