@@ -36,6 +36,9 @@
 // (captured graphs replayed any number of times included) overwrites unread data. The rules:
 //   * Calls on one buffer run in the order they were made, whatever their streams (each waits for the
 //     previous one). Call them with the team's CUDA device current.
+//   * A rank tells its peers that it has read a call's data when it starts its next call of the same
+//     kind, and a peer's call two calls later waits for that. So every rank keeps calling: a rank that
+//     stops while its peers go on makes their calls wait (and time out once wait_timeout has passed).
 //   * A dispatch's handle stays valid for combine until the dispatch two calls later (same set);
 //     combine refuses a handle whose set has been reused since. A graph that replays a dispatch
 //     without its combine makes the handles captured with it stale in the same way (unchecked there).

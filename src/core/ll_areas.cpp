@@ -28,7 +28,7 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
 
   AreaCursor own;
   a.blocks_done = own.take(sizeof(uint32_t) * kLlOps * 2);
-  a.pending_freed = own.take(sizeof(uint64_t));
+  a.pending_freed = own.take(sizeof(uint64_t) * kLlOps);
   a.message_slots = own.take(sizeof(uint32_t) * messages);
   a.entry_rows = own.take(sizeof(int32_t) * messages * o.max_topk);
   a.entry_weights = own.take(sizeof(float) * messages * o.max_topk);

@@ -19,8 +19,8 @@
 //                    (k, t) the output of my token t's slot k (naive); every line carries its call's stamp
 // Private (this rank's kernels only):
 //   blocks_done      uint32 [op][step]: CTAs done with a step of the running kernel (zero between kernels)
-//   pending_freed    uint64: the receive step whose "freed" signals to the peers the next LL kernel sends
-//                    (kernels/ll/protocol.cuh; 0: none)
+//   pending_freed    uint64 [op]: the receive step whose "freed" signals to the peers the next kernel of
+//                    the op sends (kernels/ll/protocol.cuh; 0: none)
 //   message_slots    uint32 [set][R][T_max]: the slots of each received message (0: none came)
 //   entry_rows       int32 [set][R][T_max][K_max]: packed row e * C + i of each slot of each received message
 //   entry_weights    float [set][R][T_max][K_max]: its weight (combine reads these, not the headers,

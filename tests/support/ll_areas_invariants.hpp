@@ -28,7 +28,7 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
                          {a.combine_rows, a.combine_row_bytes * core::kLlSets * combine_slots * T},
                          {a.symmetric_bytes, 0}};
   const Area own[] = {{a.blocks_done, 4 * core::kLlOps * 2},
-                      {a.pending_freed, 8},
+                      {a.pending_freed, 8 * core::kLlOps},
                       {a.message_slots, 4 * messages},
                       {a.entry_rows, 4 * messages * K},
                       {a.entry_weights, 4 * messages * K},

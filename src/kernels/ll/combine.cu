@@ -18,7 +18,7 @@
 //     out[t] = BF16 of: local: the sum of float(combine_row(me, set, r, t)) over t's ranks r ascending
 //     (home(dset, t)); naive: fmaf(w[t][k], float(combine_row(me, set, k, t)), acc) over t's valid
 //     slots k ascending. A token with no expert gets 0. Then the last CTA records the call as freed;
-//     the signals go out at the start of this rank's next LL kernel (protocol.cuh).
+//     the signals go out at the start of this rank's next combine (protocol.cuh).
 #include <cuda_bf16.h>
 
 #include "core/cuda_check.hpp"
@@ -281,7 +281,7 @@ __device__ void receive(const CombineParams& p, uint64_t cseq) {
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_start>(p.v.team);
-  if (blockIdx.x == 0 && threadIdx.x == 0) signal_pending_freed(p.v);
+  if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlCombine);
   const uint64_t cseq = call_sequence(p.v, core::kLlCombine, p.set);
   if (p.phases & kSend) send(p, cseq);
   if (p.phases & kReceive) receive(p, cseq);

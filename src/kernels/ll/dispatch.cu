@@ -29,7 +29,7 @@
 //   CTA 0 writes layout_range, recv_count and the statistics (waiting for every source's counts). What
 //   combine needs of each message (slots, each slot's packed row and weight; slots 0 for a token that
 //   sent nothing) is kept in private memory, so the set is not read after this step. Then the last CTA
-//   records the call as freed; the signals go out at the start of this rank's next LL kernel
+//   records the call as freed; the signals go out at the start of this rank's next dispatch
 //   (protocol.cuh). Every wait is bounded (wait_for_words).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -641,7 +641,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
 
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_start>(p.v.team);
-  if (blockIdx.x == 0 && threadIdx.x == 0) signal_pending_freed(p.v);
+  if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlDispatch);
   const uint64_t seq = call_sequence(p.v, core::kLlDispatch, p.set);
   if (p.phases & kSend) send(p, seq);
   if (p.phases & kReceive) receive(p, seq);

@@ -64,11 +64,11 @@ struct LlView {
     return reinterpret_cast<uint4*>(base.base[owner] + combine_rows) +
            ((int64_t(set) * combine_slots + slot) * max_tokens + t) * combine_row_lines() * core::kLlLineVectors;
   }
-  // The private CTA counter of a kernel step (last_cta_done), per op and LlPhase.
+  // The private CTA counter of a kernel step (last_cta_records_freed), per op and LlPhase.
   __device__ uint32_t* blocks_done_of(int op, int phase) const {
     return reinterpret_cast<uint32_t*>(own + blocks_done) + op * 2 + phase;
   }
-  __device__ uint64_t* pending_freed_word() const { return reinterpret_cast<uint64_t*>(own + pending_freed); }
+  __device__ uint64_t* pending_freed_of(int op) const { return reinterpret_cast<uint64_t*>(own + pending_freed) + op; }
   __device__ uint32_t* message_slots_of(int set, int src, int t) const {
     return reinterpret_cast<uint32_t*>(own + message_slots) + message(set, src, t);
   }

@@ -11,12 +11,13 @@
 //     waits for the stamps of what it reads (wait_for_words).
 //   * When every CTA's reads are done, freed(r, op, set, me) = seq on every rank r (me included): the
 //     receive step's last CTA sets its own, freed(me, op, set, me) (the next call's sequence number
-//     reads it), and records the call in pending_freed; the peers' go out from the next LL kernel this
-//     rank runs, at its start (signal_pending_freed). Then no kernel ends with a fence or a remote store:
-//     the step's reads are complete once its kernel is, so nothing needs ordering before the signals.
-//     A peer waits for such a signal only two calls of an op later (above), and by then this rank has
-//     started a later call whenever the calls alternate dispatch and combine (each dispatch waits for
-//     every peer's counts of the same call); otherwise the wait lasts until this rank's next call.
+//     reads it), and records the call in pending_freed[op]; the peers' go out at the start of this
+//     rank's next kernel of the op (signal_pending_freed). So a receive step ends with neither a fence
+//     nor a remote store: its reads are complete once its kernel is, and nothing else needs ordering
+//     before the signals. A peer waits for such a signal only two calls of the op later (above), by
+//     which time this rank has started the call in between whenever the peer's calls depended on it
+//     (every dispatch waits for every peer's counts of the same call); otherwise the wait lasts until
+//     this rank starts its next call of the op (ll.hpp's rules).
 // Signals are system-scope release stores by one thread; waits are acquires, bounded (wait_at_least).
 // One remote signal per call and peer: many CTAs adding to one remote counter serialise on it.
 //
@@ -25,7 +26,9 @@
 // never, and what it wrote is not read; a dispatch whose sends see it masked counts its experts as -1.
 // Kernels read the mask with relaxed loads where they use it. A rank masked while a call runs (by an
 // expiry, seconds into it) may be used by some parts of that call and skipped by others; calls that
-// start after the masking see it everywhere.
+// start after the masking see it everywhere. A freed signal follows the mask of the moment it goes out
+// (the next call's start): a call made while r was masked signals r if r is unmasked by then, which
+// rank_mask.cu's unmasking (atomicMax) allows for.
 #pragma once
 
 #include <cstdint>
@@ -139,8 +142,8 @@ __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t 
 
 // Every thread of every CTA calls it once its reads for the receive step of call seq on (op, set) are
 // done. The last CTA (a GPU-scope acquire-release count, no fence) sets this rank's own freed(me, op,
-// set, me) = seq and records the call for signal_pending_freed, unless the team failed. `blocks_done` is
-// the step's private CTA counter (zero between kernels).
+// set, me) = seq and records the call in pending_freed[op] for signal_pending_freed, unless the team
+// failed. `blocks_done` is the step's private CTA counter (zero between kernels).
 __device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_done, int op, int set, uint64_t seq) {
   __syncthreads();
   if (threadIdx.x != 0) return;
@@ -150,23 +153,24 @@ __device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_
   *blocks_done = 0;
   if (team_failed(v.team)) return;  // a failed team signals nothing (its peers time out themselves)
   *v.flag(v.team.rank, core::kLlFreed, op, set, v.team.rank) = seq;
-  *v.pending_freed_word() = (seq << 2) | uint64_t(op << 1) | uint64_t(set);
+  *v.pending_freed_of(op) = (seq << 1) | uint64_t(set);
 }
 
-// Thread 0 of CTA 0 of every LL kernel, first: sends the "freed" signals of the receive step recorded by
-// an earlier kernel (last_cta_records_freed) to every peer not masked now, and clears the record. The
-// record is this rank's own: no other kernel of the rank runs meanwhile (calls are stream-ordered), and
-// this kernel's own record, if any, comes after every CTA's count (the acquire-release chain above).
-__device__ inline void signal_pending_freed(const LlView& v) {
-  uint64_t* word = v.pending_freed_word();
+// One thread of every kernel of op, first (thread 0 of the last CTA, which has the least work: items
+// go to CTAs in order): sends the "freed" signals of the op's receive step recorded by an earlier kernel
+// (last_cta_records_freed) to every peer not masked now, and clears the record. Kernels of one op on a
+// buffer never overlap (calls are stream-ordered, and a graph captures them in order), and this
+// kernel's own record, if any, comes after every CTA's count (the acquire-release chain above).
+__device__ inline void signal_pending_freed(const LlView& v, int op) {
+  uint64_t* word = v.pending_freed_of(op);
   const uint64_t pending = *word;
   if (pending == 0) return;
   *word = 0;
   if (team_failed(v.team)) return;
-  const int op = int(pending >> 1) & 1, set = int(pending & 1u);
+  const int set = int(pending & 1u);
   for (int r = 0; r < v.team.nranks; ++r) {
     if (r == v.team.rank || is_masked(v, r)) continue;
-    transport::store_release_sys(v.flag(r, core::kLlFreed, op, set, v.team.rank), pending >> 2);
+    transport::store_release_sys(v.flag(r, core::kLlFreed, op, set, v.team.rank), pending >> 1);
   }
 }
 
