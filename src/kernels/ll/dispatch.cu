@@ -641,7 +641,8 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
 
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_start>(p.v.team);
-  if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlDispatch);
+  // Not the last CTA: it sends the counts, which every receive waits for (the traces: 2.5 us later).
+  if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlDispatch);
   const uint64_t seq = call_sequence(p.v, core::kLlDispatch, p.set);
   if (p.phases & kSend) send(p, seq);
   if (p.phases & kReceive) receive(p, seq);
