@@ -115,6 +115,22 @@ Limits measure_limits(Team& team) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }
+  // A graph of one empty kernel (the LL grid), launched once per timing after a team barrier, events
+  // around the launch: how ll_bench.cu times each LL call, so the floor under each of them. Ten
+  // kernels in one graph (above) overlap each launch with the kernel before it; a call cannot.
+  {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    empty_kernel<<<c.sms, 512, 0, stream>>>();
+    check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    const Timing t = time_on_stream(stream, 5, 100, barrier,
+                                    [&](cudaStream_t s) { check_cuda(cudaGraphLaunch(exec, s), "cudaGraphLaunch"); });
+    limits.one_kernel_graph_us = t.median_us;
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
 
   if (team.size() >= 2 && !team.is_single_gpu()) {
     limits.measured_nvlink = true;

@@ -16,7 +16,8 @@ struct Limits {
   double nvlink_sm_store_16_blocks_gbps = 0;
   double nvlink_copy_engine_gbps = 0;  // cudaMemcpyAsync to the peer, every rank at once, per direction
   double flag_latency_us = 0;          // one way, rank 0 <-> rank 1 ping-pong
-  double empty_graph_kernel_us = 0;    // an empty kernel replayed from a CUDA graph
+  double empty_graph_kernel_us = 0;    // an empty kernel replayed from a CUDA graph (ten per graph)
+  double one_kernel_graph_us = 0;      // a graph of one empty kernel, timed as the LL calls are
   double hbm_copy_gbps = 0;            // device-to-device copy, bytes read + written
   bool data_checked = false;           // every byte the NVLink tests moved was compared on the GPU
   StampProbe stamps;                   // whether stamped stores arrive whole over NVLink (stamp_probe.cu)

@@ -273,6 +273,7 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .field("nvlink_copy_engine_gbps", limits.nvlink_copy_engine_gbps)
       .field("flag_latency_us", limits.flag_latency_us)
       .field("empty_graph_kernel_us", limits.empty_graph_kernel_us)
+      .field("one_kernel_graph_us", limits.one_kernel_graph_us)
       .field("hbm_copy_gbps", limits.hbm_copy_gbps)
       .field("data_checked", limits.data_checked)
       .field("stamped_lines", static_cast<long long>(limits.stamps.lines))
@@ -341,10 +342,10 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
   std::printf("\nLL, %d rank(s): %d tokens per rank (= T_max), hidden %d, top-%d of %d experts, %d SMs\n", ll.ranks,
               ll.tokens, ll.hidden, ll.topk, ll.experts, ll.rows.empty() ? 0 : ll.rows.front().sms);
   std::printf(
-      "LL buffer %.1f MiB per rank (target <= %zu MB: %s); one-way flag latency %.2f us, empty graph kernel "
-      "%.2f us\n",
+      "LL buffer %.1f MiB per rank (target <= %zu MB: %s); one-way flag latency %.2f us, a graph of one empty "
+      "kernel timed as these calls %.2f us\n",
       mib, kLlBufferTargetBytes / 1000000, ll.buffer_bytes <= kLlBufferTargetBytes ? "met" : "MISSED",
-      l.flag_latency_us, l.empty_graph_kernel_us);
+      l.flag_latency_us, l.one_kernel_graph_us);
   std::printf("time: the slowest rank's median of %d graph replays (one call each); GB/s per rank and direction\n",
               ll.replays);
   std::printf("%-16s %-6s %-6s %9s %7s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag", "NVLink GB/s",
@@ -391,6 +392,7 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
     std::printf("%-44s %12s\n", "NVLink limits", "n/a: 1 GPU");
   }
   std::printf("%-44s %9.2f us\n", "empty kernel from a CUDA graph", l.empty_graph_kernel_us);
+  std::printf("%-44s %9.2f us\n", "graph of one empty kernel, timed as LL calls", l.one_kernel_graph_us);
   std::printf("%-44s %9.1f GB/s\n", "HBM device-to-device copy (read + write)", l.hbm_copy_gbps);
   if (ht != nullptr) {
     print_ht_table(*ht);
