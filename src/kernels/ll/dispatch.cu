@@ -424,10 +424,12 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   LlWord manifest = load_word(manifest_at);
   LlWord words[2] = {load_word(header + lane), second ? load_word(header + kWarp + lane) : 0};
   const PeerWait got = settle_word(v, s, stamp, manifest_at, manifest, t);
+  if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_manifest>(v.team);
   failed = __any_sync(~0u, got == PeerWait::failed);
   if (failed || !__all_sync(~0u, got == PeerWait::arrived) || ((data_of(manifest) >> (t % kWarp)) & 1u) == 0u) return m;
   const PeerWait h = settle_word(v, s, stamp, header + lane, words[0], t);
   const PeerWait h2 = second ? settle_word(v, s, stamp, header + kWarp + lane, words[1], t) : PeerWait::arrived;
+  if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_header>(v.team);
   failed = __any_sync(~0u, h == PeerWait::failed || h2 == PeerWait::failed);
   if (failed || !__all_sync(~0u, h == PeerWait::arrived && h2 == PeerWait::arrived)) return m;
   const int k = lane % kLlMaxTopk;

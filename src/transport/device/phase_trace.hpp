@@ -36,6 +36,8 @@ enum class TracePoint : int {
   ll_dispatch_staged,        // every CTA has staged the top-k table
   ll_dispatch_counts_sent,   // the last CTA has written the counts and manifests
   ll_dispatch_sent,          // every warp has issued its column items' stores
+  ll_dispatch_manifest,      // every receive item has its source's manifest word of the call
+  ll_dispatch_header,        // every receive item of a message that came has its header
   ll_dispatch_routed,        // every receive item has its message's routing (manifest, header, counts)
   ll_dispatch_received,      // every receive item has stored its payload
   ll_dispatch_outputs,       // CTA 0 has written the per-expert outputs
@@ -74,6 +76,8 @@ inline constexpr TracePointInfo kTracePointInfo[] = {
     {"ll_staged", false},
     {"ll_counts_sent", false},
     {"ll_sent", false},
+    {"ll_manifest", false},
+    {"ll_header", false},
     {"ll_routed", false},
     {"ll_received", false},
     {"ll_outputs", false},
