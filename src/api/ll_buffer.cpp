@@ -104,7 +104,7 @@ kl::LlView LlBuffer::Impl::make_view() const {
   v.team = team.impl().view();
   v.base = team.impl().symmetric_view(memory);
   v.own = own;
-  v.flags = areas.flags;
+  v.freed = areas.freed;
   v.manifests = areas.manifests;
   v.expert_counts = areas.expert_counts;
   v.headers = areas.headers;

@@ -18,7 +18,7 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
   const std::size_t messages = sets * R * T;
 
   AreaCursor shared;
-  a.flags = shared.take(sizeof(uint64_t) * kLlFlagKinds * kLlOps * sets * R);
+  a.freed = shared.take(sizeof(uint64_t) * kLlOps * sets * R);
   a.manifests = shared.take(sizeof(LlWord) * sets * R * a.manifest_words());
   a.expert_counts = shared.take(sizeof(LlWord) * sets * R * a.experts_per_rank());
   a.headers = shared.take(sizeof(LlWord) * kLlHeaderWords * messages);
@@ -27,7 +27,7 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
   a.symmetric_bytes = shared.end();
 
   AreaCursor own;
-  a.blocks_done = own.take(sizeof(uint32_t) * kLlOps * 2);
+  a.blocks_done = own.take(sizeof(uint32_t) * kLlOps);
   a.pending_freed = own.take(sizeof(uint64_t) * kLlOps);
   a.message_slots = own.take(sizeof(uint32_t) * messages);
   a.entry_rows = own.take(sizeof(int32_t) * messages * o.max_topk);

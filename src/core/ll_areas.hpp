@@ -3,10 +3,9 @@
 // "buffer sets"); dispatch and combine each have their own pair.
 //
 // Symmetric, on each rank ("me"), written by other ranks over NVLink:
-//   flags            uint64 [kind][op][set][R peer] (op 0 dispatch, op 1 combine), a call's sequence
-//                    number (src/kernels/ll/protocol.cuh): kind 0 "freed": the peer has finished
-//                    reading what I wrote to it in the call (the data carries its call's stamp, so there
-//                    is no "ready" kind)
+//   freed            uint64 [op][set][R peer] (op 0 dispatch, op 1 combine), a call's sequence number
+//                    (src/kernels/ll/protocol.cuh): the peer has finished reading what I wrote to it in
+//                    the call (the data carries its call's stamp, so no flag says it is ready)
 //   The dispatch's areas hold stamped words (LlWord: 4 bytes of data, the call's stamp above them, one
 //   8-byte store each), so a receiver knows a word is this call's without a flag:
 //   manifests        LlWord [set][R source][T_max / 32]: word j, bit i: the source's token 32 j + i sends
@@ -18,7 +17,7 @@
 //                    row (r, t) is expert side r's partial sum (BF16) of my token t (local order), row
 //                    (k, t) the output of my token t's slot k (naive); every line carries its call's stamp
 // Private (this rank's kernels only):
-//   blocks_done      uint32 [op][step]: CTAs done with a step of the running kernel (zero between kernels)
+//   blocks_done      uint32 [op]: CTAs done with the running receive step (zero between kernels)
 //   pending_freed    uint64 [op]: the receive step whose "freed" signals to the peers the next kernel of
 //                    the op sends (kernels/ll/protocol.cuh; 0: none)
 //   message_slots    uint32 [set][R][T_max]: the slots of each received message (0: none came)
@@ -43,10 +42,9 @@ namespace epx::core {
 inline constexpr int kLlMaxTopk = 16;
 inline constexpr int kLlMaxTokens = 1024;  // T_max (message headers hold row indices as int16)
 inline constexpr int kLlMaxHidden = 16384;
-inline constexpr int kLlMaxExperts = 4096;  // a receive step keeps (expert, source) row offsets in shared memory
+inline constexpr int kLlMaxExperts = 4096;  // the send keeps a count per expert in shared memory
 inline constexpr int kLlSets = 2;
 enum LlOp : int { kLlDispatch = 0, kLlCombine = 1, kLlOps = 2 };
-enum LlFlag : int { kLlFreed = 0, kLlFlagKinds = 1 };
 
 // A stamped word of the dispatch's areas: data in the low half, the call's stamp (ll_stamp) in the high
 // half, written and read as one 8-byte access (single-copy atomic), so a reader that sees the stamp sees
@@ -93,7 +91,7 @@ struct LlAreas {
   std::size_t combine_row_bytes = 0;  // a BF16 row as lines: kLlLineBytes * ll_row_lines(2 H)
 
   // Symmetric offsets.
-  std::size_t flags = 0, manifests = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0;
+  std::size_t freed = 0, manifests = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0;
   std::size_t symmetric_bytes = 0;
   // Private offsets.
   std::size_t blocks_done = 0, pending_freed = 0, message_slots = 0, entry_rows = 0, entry_weights = 0, home = 0,

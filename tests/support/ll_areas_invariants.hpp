@@ -20,14 +20,14 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
     std::size_t offset, bytes;
   };
   // Each area with the bytes the kernels index into it, in layout order; then the allocation's end.
-  const Area shared[] = {{a.flags, 8 * core::kLlFlagKinds * core::kLlOps * core::kLlSets * R},
+  const Area shared[] = {{a.freed, 8 * core::kLlOps * core::kLlSets * R},
                          {a.manifests, 8 * core::kLlSets * R * ((T + 31) / 32)},
                          {a.expert_counts, 8 * core::kLlSets * R * E_local},
                          {a.headers, 8 * core::kLlHeaderWords * messages},
                          {a.payloads, 4 * H * messages},
                          {a.combine_rows, a.combine_row_bytes * core::kLlSets * combine_slots * T},
                          {a.symmetric_bytes, 0}};
-  const Area own[] = {{a.blocks_done, 4 * core::kLlOps * 2},
+  const Area own[] = {{a.blocks_done, 4 * core::kLlOps},
                       {a.pending_freed, 8 * core::kLlOps},
                       {a.message_slots, 4 * messages},
                       {a.entry_rows, 4 * messages * K},

@@ -276,7 +276,7 @@ __device__ void receive(const CombineParams& p, uint64_t cseq) {
     ok = receive_item(p, masked, stamp, item / per_row, item % per_row);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
-  last_cta_records_freed(v, v.blocks_done_of(core::kLlCombine, kLlReceive), core::kLlCombine, p.set, cseq);
+  last_cta_records_freed(v, v.blocks_done_of(core::kLlCombine), core::kLlCombine, p.set, cseq);
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {

@@ -638,7 +638,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
     ok = receive_message(p, masked, stamp, message / v.max_tokens, message % v.max_tokens, item % parts, parts);
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_received>(v.team);
   }
-  last_cta_records_freed(v, v.blocks_done_of(core::kLlDispatch, kLlReceive), core::kLlDispatch, p.set, seq);
+  last_cta_records_freed(v, v.blocks_done_of(core::kLlDispatch), core::kLlDispatch, p.set, seq);
 }
 
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {

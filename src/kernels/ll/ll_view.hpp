@@ -22,7 +22,7 @@ struct LlView {
   transport::TeamView team;
   transport::SymmetricView base;  // base.base[r]: rank r's symmetric allocation
   char* own;                      // this rank's private allocation
-  uint64_t flags, manifests, expert_counts, headers, payloads, combine_rows;
+  uint64_t freed, manifests, expert_counts, headers, payloads, combine_rows;
   uint64_t blocks_done, pending_freed, message_slots, entry_rows, entry_weights, home, rank_mask;
   int32_t max_tokens, hidden, max_topk, num_experts, combine_slots;
   bool mask_on_timeout;  // LlBufferOptions::mask_on_timeout
@@ -34,10 +34,9 @@ struct LlView {
   __host__ __device__ int64_t message(int set, int src, int t) const {
     return (int64_t(set) * team.nranks + src) * max_tokens + t;
   }
-  // owner's flag of `kind` (core::LlFlag) about `peer`.
-  __device__ uint64_t* flag(int owner, int kind, int op, int set, int peer) const {
-    return reinterpret_cast<uint64_t*>(base.base[owner] + flags) +
-           ((kind * core::kLlOps + op) * core::kLlSets + set) * team.nranks + peer;
+  // owner's "freed" flag of (op, set) about `peer` (protocol.cuh).
+  __device__ uint64_t* freed_flag(int owner, int op, int set, int peer) const {
+    return reinterpret_cast<uint64_t*>(base.base[owner] + freed) + (op * core::kLlSets + set) * team.nranks + peer;
   }
   // Which of source src's tokens send owner a message, [T_max / 32] stamped words of 32 bits.
   __device__ core::LlWord* manifest_of(int owner, int set, int src) const {
@@ -64,10 +63,8 @@ struct LlView {
     return reinterpret_cast<uint4*>(base.base[owner] + combine_rows) +
            ((int64_t(set) * combine_slots + slot) * max_tokens + t) * combine_row_lines() * core::kLlLineVectors;
   }
-  // The private CTA counter of a kernel step (last_cta_records_freed), per op and LlPhase.
-  __device__ uint32_t* blocks_done_of(int op, int phase) const {
-    return reinterpret_cast<uint32_t*>(own + blocks_done) + op * 2 + phase;
-  }
+  // The private CTA counter of op's receive step (last_cta_records_freed).
+  __device__ uint32_t* blocks_done_of(int op) const { return reinterpret_cast<uint32_t*>(own + blocks_done) + op; }
   __device__ uint64_t* pending_freed_of(int op) const { return reinterpret_cast<uint64_t*>(own + pending_freed) + op; }
   __device__ uint32_t* message_slots_of(int set, int src, int t) const {
     return reinterpret_cast<uint32_t*>(own + message_slots) + message(set, src, t);
@@ -84,8 +81,7 @@ struct LlView {
   __device__ uint32_t* rank_mask_of(int r) const { return reinterpret_cast<uint32_t*>(own + rank_mask) + r; }
 };
 
-enum LlPhase : int { kLlSend = 0, kLlReceive = 1 };                             // the two steps of a call
-enum LlPhases : uint32_t { kSend = 1 << kLlSend, kReceive = 1 << kLlReceive };  // which steps a launch runs
+enum LlPhases : uint32_t { kSend = 1, kReceive = 2 };  // which of a call's two steps a launch runs
 
 struct DispatchParams {
   LlView v;

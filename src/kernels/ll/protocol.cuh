@@ -1,5 +1,5 @@
-// The flag protocol both LL kernels share (flags of core::LlFlag; each kernel's header says what the
-// data behind them is). Per (op, set) every flag holds the sequence number of a call (they only grow):
+// The flag protocol both LL kernels share (the "freed" flags of core::LlAreas; each kernel's header says
+// what the data behind them is). Per (op, set) every flag holds the sequence number of a call (they only grow):
 //   * A call's sequence number on a set is seq = freed(me, op, set, me) + 1: this rank's own receive
 //     steps on the set so far, plus one (read when a kernel starts; the receive step of the previous
 //     call on the set has finished by then, see ll.hpp's rules).
@@ -41,7 +41,7 @@ namespace epx::kernels::ll {
 
 // The sequence number of the call being made on (op, set).
 __device__ inline uint64_t call_sequence(const LlView& v, int op, int set) {
-  return transport::load_relaxed_sys(v.flag(v.team.rank, core::kLlFreed, op, set, v.team.rank)) + 1;
+  return transport::load_relaxed_sys(v.freed_flag(v.team.rank, op, set, v.team.rank)) + 1;
 }
 
 // Whether this rank no longer exchanges with rank r (rank masking, above).
@@ -132,7 +132,7 @@ __device__ PeerWait wait_for_words(const LlView& v, int s, uint32_t stamp, Arriv
 __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t seq) {
   bool ok = true;
   for (int r = threadIdx.x % kWarp; r < v.team.nranks; r += kWarp) {
-    const auto freed = v.flag(v.team.rank, core::kLlFreed, op, set, r);
+    const auto freed = v.freed_flag(v.team.rank, op, set, r);
     ok = ok &&
          wait_for_peer(v, r, freed, seq - 1,
                        transport::WaitSite{transport::WaitPhase::ll_set_reuse, r, uint32_t(set)}) != PeerWait::failed;
@@ -152,7 +152,7 @@ __device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_
   if (before != gridDim.x - 1) return;
   *blocks_done = 0;
   if (team_failed(v.team)) return;  // a failed team signals nothing (its peers time out themselves)
-  *v.flag(v.team.rank, core::kLlFreed, op, set, v.team.rank) = seq;
+  *v.freed_flag(v.team.rank, op, set, v.team.rank) = seq;
   *v.pending_freed_of(op) = (seq << 1) | uint64_t(set);
 }
 
@@ -170,7 +170,7 @@ __device__ inline void signal_pending_freed(const LlView& v, int op) {
   const int set = int(pending & 1u);
   for (int r = 0; r < v.team.nranks; ++r) {
     if (r == v.team.rank || is_masked(v, r)) continue;
-    transport::store_release_sys(v.flag(r, core::kLlFreed, op, set, v.team.rank), pending >> 1);
+    transport::store_release_sys(v.freed_flag(r, op, set, v.team.rank), pending >> 1);
   }
 }
 

@@ -4,7 +4,7 @@
 // Masking rank r sets rank_mask[r] and its host-mapped mirror (LlHostReport::masked) to 1.
 // Unmasking r takes r to have made every call meanwhile (see ll.hpp): while r was masked nobody
 // signalled across, so this rank's flags about r are behind; each of them is raised to this rank's own
-// flag of the same kind, op and set (atomicMax: r may already have signalled a later call), and only
+// flag of the same op and set (atomicMax: r may already have signalled a later call), and only
 // then is the mask cleared. The kernel runs after the buffer's earlier calls (stream order), so no
 // kernel of this rank reads the flags or the mask meanwhile.
 #include "core/cuda_check.hpp"
@@ -24,12 +24,10 @@ __global__ void update_rank_mask_kernel(LlView v, int first, int last, bool mask
       continue;
     }
     if (*mask == 0u) continue;
-    for (int kind = 0; kind < core::kLlFlagKinds; ++kind) {
-      for (int op = 0; op < core::kLlOps; ++op) {
-        for (int set = 0; set < core::kLlSets; ++set) {
-          const unsigned long long own = *v.flag(me, kind, op, set, me);
-          atomicMax(reinterpret_cast<unsigned long long*>(v.flag(me, kind, op, set, r)), own);
-        }
+    for (int op = 0; op < core::kLlOps; ++op) {
+      for (int set = 0; set < core::kLlSets; ++set) {
+        const unsigned long long own = *v.freed_flag(me, op, set, me);
+        atomicMax(reinterpret_cast<unsigned long long*>(v.freed_flag(me, op, set, r)), own);
       }
     }
     *mask = 0u;

@@ -32,20 +32,20 @@ enum class TracePoint : int {
   ht_dispatch_stores_done,   // every warp's stores are done
   ht_dispatch_signalled,     // the last CTA has signalled the peers
   ht_dispatch_end,           // every peer's rows are here
-  ll_dispatch_start,         // LL dispatch (sends and receive in one launch): its first CTA has started
-  ll_dispatch_staged,        // every CTA has staged the top-k table
-  ll_dispatch_counts_sent,   // the last CTA has written the counts and manifests
-  ll_dispatch_sent,          // every warp has issued its column items' stores
-  ll_dispatch_manifest,      // every receive item has its source's manifest word of the call
-  ll_dispatch_header,        // every receive item of a message that came has its header
-  ll_dispatch_routed,        // every receive item has its message's routing (manifest, header, counts)
-  ll_dispatch_received,      // every receive item has stored its payload
-  ll_dispatch_outputs,       // CTA 0 has written the per-expert outputs
-  ll_dispatch_end,           // every CTA is done (the last one after recording the call as freed)
-  ll_combine_start,          // LL combine (sends and receive in one launch): its first CTA has started
-  ll_combine_sent,           // every warp has issued its send items' stores
-  ll_combine_received,       // every warp has written its output columns (its rows' lines all came)
-  ll_combine_end,            // every CTA is done (the last one after recording the call as freed)
+  ll_dispatch_start,   // LL dispatch (a launch with the sends, the receive step or both): its first CTA has started
+  ll_dispatch_staged,  // every CTA has staged the top-k table
+  ll_dispatch_counts_sent,  // the last CTA has written the counts and manifests
+  ll_dispatch_sent,         // every warp has issued its column items' stores
+  ll_dispatch_manifest,     // every receive item has its source's manifest word of the call
+  ll_dispatch_header,       // every receive item of a message that came has its header
+  ll_dispatch_routed,       // every receive item has its message's routing (manifest, header, counts)
+  ll_dispatch_received,     // every receive item has stored its payload
+  ll_dispatch_outputs,      // CTA 0 has written the per-expert outputs
+  ll_dispatch_end,          // every CTA is done (the last one after recording the call as freed)
+  ll_combine_start,         // LL combine (a launch with the sends, the receive step or both): its first CTA has started
+  ll_combine_sent,          // every warp has issued its send items' stores
+  ll_combine_received,      // every warp has written its output columns (its rows' lines all came)
+  ll_combine_end,           // every CTA is done (the last one after recording the call as freed)
   count
 };
 inline constexpr int kTracePoints = int(TracePoint::count);
