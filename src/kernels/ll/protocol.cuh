@@ -141,19 +141,14 @@ __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t 
 }
 
 // Every thread of every CTA calls it once its reads for the receive step of call seq on (op, set) are
-// done. The last CTA (a GPU-scope acquire-release count, no fence) sets this rank's own freed(me, op,
-// set, me) = seq and records the call in pending_freed[op] for signal_pending_freed, unless the team
-// failed. `blocks_done` is the step's private CTA counter (zero between kernels).
+// done. The last CTA (signal_when_last with LastCta::counts: no fence) sets this rank's own freed(me,
+// op, set, me) = seq and records the call in pending_freed[op] for signal_pending_freed, unless the
+// team failed. `blocks_done` is the step's private CTA counter (zero between kernels).
 __device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_done, int op, int set, uint64_t seq) {
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  uint32_t before;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(blocks_done) : "memory");
-  if (before != gridDim.x - 1) return;
-  *blocks_done = 0;
-  if (team_failed(v.team)) return;  // a failed team signals nothing (its peers time out themselves)
-  *v.freed_flag(v.team.rank, op, set, v.team.rank) = seq;
-  *v.pending_freed_of(op) = (seq << 1) | uint64_t(set);
+  signal_when_last<LastCta::counts>(v.team, blocks_done, [&] {
+    *v.freed_flag(v.team.rank, op, set, v.team.rank) = seq;
+    *v.pending_freed_of(op) = (seq << 1) | uint64_t(set);
+  });
 }
 
 // One thread of every kernel of op, first (thread 0 of a CTA with little else to do, which each kernel
