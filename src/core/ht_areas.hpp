@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/stamped_word.hpp"
 #include "epx/ht.hpp"
 
 namespace epx::core {
@@ -30,21 +31,16 @@ enum HtFlag : int {
 // in order, and each tells the home rank how many it has copied (src/kernels/ht/combine_input.cu).
 inline constexpr int kCombineCopyRows = 16;
 inline constexpr int kCombineCopyCtas = 32;
-// A stamped word: the low 32 bits of a call number in the high half, a value in the low half. One
-// 8-byte store carries both, so a reader that sees this call's stamp has the value: waiting for it
-// needs no flag and no fence. A reader asks for its own call's stamp, equal, never "at least": a word
-// holds this call's stamp or an earlier call's (never a later one: see each protocol), and an equal
-// test keeps working when call numbers pass 2^32, as long as a word is not taken at its value exactly
-// 2^32 calls after it was last written (a word never written reads as call 0's stamp). The dispatch
-// rewrites every count word in every call that reads it, and buffers start at call 1. A copy CTA l
-// rewrites its progress word only in a call where it has groups; when it has none, the block has at
-// most l groups, and what its word promises (at least l groups) covers none of them, whatever the
-// word holds (combine.cu: the prefix is a minimum over the words). Used for the dispatch's counts and
-// for the combine copy's progress words (the groups copied; all of them: kEveryGroup).
+// HT's stamped words (stamped_word.hpp) carry the low 32 bits of the call number. A reader asks for its own call's
+// stamp, equal, never "at least": a word holds this call's stamp or an earlier call's (never a later one: see each
+// protocol), and an equal test keeps working when call numbers pass 2^32, as long as a word is not taken at its value
+// exactly 2^32 calls after it was last written (a word never written reads as call 0's stamp). The dispatch rewrites
+// every count word in every call that reads it, and buffers start at call 1. A copy CTA l rewrites its progress word
+// only in a call where it has groups; when it has none, the block has at most l groups, and what its word promises (at
+// least l groups) covers none of them, whatever the word holds (combine.cu: the prefix is a minimum over the words).
+// Used for the dispatch's counts and for the combine copy's progress words (the groups copied; all of them:
+// kEveryGroup).
 inline constexpr uint32_t kEveryGroup = 0xFFFFFFFFu;
-inline constexpr uint64_t stamped(uint64_t call, uint32_t value) { return (uint64_t(uint32_t(call)) << 32) | value; }
-inline constexpr bool stamped_in(uint64_t word, uint64_t call) { return uint32_t(word >> 32) == uint32_t(call); }
-inline constexpr uint32_t stamped_value(uint64_t word) { return uint32_t(word); }
 
 struct HtAreas {
   int num_ranks = 0;

@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/stamped_word.hpp"
 #include "epx/ll.hpp"
 
 namespace epx::core {
@@ -46,14 +47,11 @@ inline constexpr int kLlMaxExperts = 4096;  // the send keeps a count per expert
 inline constexpr int kLlSets = 2;
 enum LlOp : int { kLlDispatch = 0, kLlCombine = 1, kLlOps = 2 };
 
-// A stamped word of the dispatch's areas: data in the low half, the call's stamp (ll_stamp) in the high
-// half, written and read as one 8-byte access (single-copy atomic), so a reader that sees the stamp sees
-// the data written with it.
+// A stamped word of the dispatch's areas (stamped_word.hpp): the call's stamp, ll_stamp, in the high half.
 using LlWord = uint64_t;
 // The stamp of call `seq` on a set: never 0 (the value of a word never written), and different for
 // consecutive calls.
 inline constexpr uint32_t ll_stamp(uint64_t seq) { return uint32_t(seq % 0xFFFFFFFFull) + 1u; }
-inline constexpr LlWord ll_word(uint32_t stamp, uint32_t data) { return (uint64_t(stamp) << 32) | data; }
 
 // The combine's rows travel as lines: 128 bytes, 7 vectors of 16 row bytes (vector v of line l holds row
 // bytes [112 l + 16 v, +16); zeros past the row) and a stamp vector (ll_stamp of the call in its first

@@ -236,7 +236,7 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         const uint4* row = v.combine_row(me, p.set, slot[b], t);
         const PeerWait got = wait_for_words<true>(
             v, rank[b], stamp, [&] { return load_item(row, g, lines, stamp, in[b]); },
-            [&] { return core::ll_word(first_missing_stamp(g, lines, stamp, in[b]), 0u); },
+            [&] { return core::stamped(first_missing_stamp(g, lines, stamp, in[b]), 0u); },
             transport::WaitSite{transport::WaitPhase::ll_combine_recv, rank[b], uint32_t(t)});
         if (got == PeerWait::failed) return false;
         if (got == PeerWait::masked) continue;  // masked while this warp waited: left out

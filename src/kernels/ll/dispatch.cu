@@ -174,8 +174,8 @@ __device__ void write_header(LlWord* header, uint32_t stamp, uint32_t slots, uin
     word = expert_lo | expert_hi << 16;
   else if (lane < kLlHeaderWeights)
     word = row_lo | row_hi << 16;
-  store_word(header + lane, ll_word(stamp, word));
-  if (lane < kLlHeaderWords - kWarp) store_word(header + kWarp + lane, ll_word(stamp, weight_above));
+  store_word(header + lane, core::stamped(stamp, word));
+  if (lane < kLlHeaderWords - kWarp) store_word(header + kWarp + lane, core::stamped(stamp, weight_above));
 }
 
 // The first columns' warp of token t: its headers (one per destination rank) and its home record. Lane
@@ -278,16 +278,16 @@ __device__ bool send_columns(const DispatchParams& p, const int16_t* experts, ui
       for (int j = 0; j < kFp8Pieces; ++j) {
         const int col = base + 256 * j + 8 * lane;  // FP8: byte = column
         if (col >= p.hidden) continue;
-        store_words(words + col / 4, core::ll_word(stamp, c.piece[j].x), core::ll_word(stamp, c.piece[j].y));
+        store_words(words + col / 4, core::stamped(stamp, c.piece[j].x), core::stamped(stamp, c.piece[j].y));
         if (lane % kFp8LanesPerGroup == 0)
-          store_word(words + p.hidden / 4 + col / kGroup, core::ll_word(stamp, __float_as_uint(c.scale[j])));
+          store_word(words + p.hidden / 4 + col / kGroup, core::stamped(stamp, __float_as_uint(c.scale[j])));
       }
     } else {
 #pragma unroll
       for (int j = 0; j < kBf16Pieces; ++j) {
         const int col = base + 128 * j + 4 * lane;  // BF16: byte = 2 column
         if (col < p.hidden)
-          store_words(words + col / 2, core::ll_word(stamp, c.piece[j].x), core::ll_word(stamp, c.piece[j].y));
+          store_words(words + col / 2, core::stamped(stamp, c.piece[j].x), core::stamped(stamp, c.piece[j].y));
       }
     }
   }
@@ -316,7 +316,7 @@ __device__ bool send_counts_and_manifests(const DispatchParams& p, const int16_t
   if (!ensure_set_free(p, seq, free)) return false;
   for (int e = threadIdx.x; e < v.num_experts; e += blockDim.x) {
     if (!masked[e / E_local])
-      store_word(v.expert_counts_of(e / E_local, p.set, v.team.rank) + e % E_local, core::ll_word(stamp, counts[e]));
+      store_word(v.expert_counts_of(e / E_local, p.set, v.team.rank) + e % E_local, core::stamped(stamp, counts[e]));
   }
   // Manifests: a warp per (rank, word); lane i looks at token 32 j + i.
   const int words = (v.max_tokens + kWarp - 1) / kWarp;
@@ -329,7 +329,7 @@ __device__ bool send_counts_and_manifests(const DispatchParams& p, const int16_t
       sends |= e >= 0 && e / E_local == r;
     }
     const uint32_t bits = __ballot_sync(~0u, sends);
-    if (lane == 0) store_word(v.manifest_of(r, p.set, v.team.rank) + j, core::ll_word(stamp, bits));
+    if (lane == 0) store_word(v.manifest_of(r, p.set, v.team.rank) + j, core::stamped(stamp, bits));
   }
   return true;
 }
@@ -398,8 +398,8 @@ __device__ PeerWait settle_word(const LlView& v, int s, uint32_t stamp, const Ll
   return wait_for_words(
       v, s, stamp,
       [&] {
-        if (!has_stamp(word, stamp)) word = load_word(at);
-        return has_stamp(word, stamp);
+        if (!core::stamped_in(word, stamp)) word = load_word(at);
+        return core::stamped_in(word, stamp);
       },
       [&] { return word; }, transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(detail)});
 }
@@ -426,19 +426,21 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   const PeerWait got = settle_word(v, s, stamp, manifest_at, manifest, t);
   if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_manifest>(v.team);
   failed = __any_sync(~0u, got == PeerWait::failed);
-  if (failed || !__all_sync(~0u, got == PeerWait::arrived) || ((data_of(manifest) >> (t % kWarp)) & 1u) == 0u) return m;
+  if (failed || !__all_sync(~0u, got == PeerWait::arrived) ||
+      ((core::stamped_value(manifest) >> (t % kWarp)) & 1u) == 0u)
+    return m;
   const PeerWait h = settle_word(v, s, stamp, header + lane, words[0], t);
   const PeerWait h2 = second ? settle_word(v, s, stamp, header + kWarp + lane, words[1], t) : PeerWait::arrived;
   if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_header>(v.team);
   failed = __any_sync(~0u, h == PeerWait::failed || h2 == PeerWait::failed);
   if (failed || !__all_sync(~0u, h == PeerWait::arrived && h2 == PeerWait::arrived)) return m;
   const int k = lane % kLlMaxTopk;
-  const uint32_t slots = __shfl_sync(~0u, data_of(words[0]), kLlHeaderSlots);
-  const uint32_t unique_slots = __shfl_sync(~0u, data_of(words[0]), kLlHeaderUniqueSlots);
-  const uint32_t expert_pair = __shfl_sync(~0u, data_of(words[0]), kLlHeaderExperts + k / 2);
-  const uint32_t row_pair = __shfl_sync(~0u, data_of(words[0]), kLlHeaderBlockRows + k / 2);
-  const uint32_t weight_here = __shfl_sync(~0u, data_of(words[0]), (kLlHeaderWeights + k) & (kWarp - 1));
-  const uint32_t weight_above = __shfl_sync(~0u, data_of(words[1]), (kLlHeaderWeights + k) & (kWarp - 1));
+  const uint32_t slots = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderSlots);
+  const uint32_t unique_slots = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderUniqueSlots);
+  const uint32_t expert_pair = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderExperts + k / 2);
+  const uint32_t row_pair = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderBlockRows + k / 2);
+  const uint32_t weight_here = __shfl_sync(~0u, core::stamped_value(words[0]), (kLlHeaderWeights + k) & (kWarp - 1));
+  const uint32_t weight_above = __shfl_sync(~0u, core::stamped_value(words[1]), (kLlHeaderWeights + k) & (kWarp - 1));
   const int e = int16_t(expert_pair >> (16 * (k % 2)));
   const int block_row = int16_t(row_pair >> (16 * (k % 2)));
   const float weight = __uint_as_float(kLlHeaderWeights + k < kWarp ? weight_here : weight_above);
@@ -462,7 +464,7 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
         if (r >= s || masked[r]) continue;
         const PeerWait c = settle_word(v, r, stamp, v.expert_counts_of(me, p.set, r) + e, count[i], e);
         ok = ok && c != PeerWait::failed;
-        if (c == PeerWait::arrived) begin += int32_t(data_of(count[i]));
+        if (c == PeerWait::arrived) begin += int32_t(core::stamped_value(count[i]));
       }
     }
     m.row = int32_t(e * v.rows_per_expert() + begin + block_row);
@@ -489,8 +491,8 @@ __device__ bool load_pieces(const LlWord* payload, uint32_t stamp, int base, int
     const int u = base + b * kWarp + lane;
     if (u >= last || (only_missing && ((batch.missing >> b) & 1u) == 0u)) continue;
     const ulonglong2 w = load_words(payload + 2 * u);
-    const bool here = has_stamp(w.x, stamp) && has_stamp(w.y, stamp);
-    batch.data[b] = make_uint2(data_of(w.x), data_of(w.y));
+    const bool here = core::stamped_in(w.x, stamp) && core::stamped_in(w.y, stamp);
+    batch.data[b] = make_uint2(core::stamped_value(w.x), core::stamped_value(w.y));
     batch.missing = here ? batch.missing & ~(1u << b) : batch.missing | (1u << b);
   }
   return batch.missing == 0u;
@@ -584,11 +586,11 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
   const int out_words = p.ue8m0 ? groups / 4 : groups;
   uint32_t value[kScaleWords];
 #pragma unroll
-  for (int b = 0; b < kScaleWords; ++b) value[b] = data_of(scale[b]);
+  for (int b = 0; b < kScaleWords; ++b) value[b] = core::stamped_value(scale[b]);
   if (p.ue8m0) {
     value[0] = 0;
 #pragma unroll
-    for (int b = 0; b < 4; ++b) value[0] |= ((data_of(scale[b]) >> 23) & 0xFFu) << (8 * b);
+    for (int b = 0; b < 4; ++b) value[0] |= ((core::stamped_value(scale[b]) >> 23) & 0xFFu) << (8 * b);
   }
   for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
     const int64_t row = __shfl_sync(~0u, m.row, __ffs(rest) - 1);
@@ -619,7 +621,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
         const PeerWait c =
             masked[s] ? PeerWait::masked : settle_word(v, s, stamp, v.expert_counts_of(me, p.set, s) + e, count, e);
         ok = c != PeerWait::failed;
-        const int32_t n = c == PeerWait::arrived ? int32_t(data_of(count)) : 0;
+        const int32_t n = c == PeerWait::arrived ? int32_t(core::stamped_value(count)) : 0;
         p.layout_range[e * R + s] = LlRange{begin, n};
         begin += n;
       }

@@ -95,7 +95,6 @@ __device__ __forceinline__ ulonglong2 load_words(const core::LlWord* p) {
   asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ bool has_stamp(core::LlWord w, uint32_t stamp) { return uint32_t(w >> 32) == stamp; }
 
 // Line vectors (core::kLlLineBytes): 16-byte volatile accesses; a warp stores a line's 8 with one
 // instruction (8 lanes), and a reader takes the line once its stamp vector shows the call's stamp.
@@ -111,7 +110,6 @@ __device__ __forceinline__ uint4 load_vector(const uint4* p) {
                : "memory");
   return a;
 }
-__device__ __forceinline__ uint32_t data_of(core::LlWord w) { return uint32_t(w); }
 
 // This thread waits (wait_for_peer_with) until arrived(), which loads stamped words (or lines) of source
 // s into the caller's variables and says whether each carries the call's stamp; last_seen() is the word
@@ -123,7 +121,7 @@ __device__ PeerWait wait_for_words(const LlView& v, int s, uint32_t stamp, Arriv
                                    transport::WaitSite site) {
   if (arrived()) return PeerWait::arrived;
   return wait_for_peer_with<kWholeWarp>(v, s, [&](uint32_t* give_up) {
-    return transport::spin_until<kWholeWarp>(v.team, arrived, core::ll_word(stamp, 0), last_seen, site, give_up);
+    return transport::spin_until<kWholeWarp>(v.team, arrived, core::stamped(stamp, 0), last_seen, site, give_up);
   });
 }
 
