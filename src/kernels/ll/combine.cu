@@ -65,10 +65,24 @@ __device__ uint4 to_bf16(const float (&acc)[kColsPerVector]) {
 
 // ---- Send ----
 
-// What lane i stores in instruction j: a data vector (zeros past the row) or the stamp vector.
-__device__ uint4 line_vector(const CombineParams& p, uint32_t stamp, int col, uint4 data) {
-  if (lane_vector() == kDataVectors) return make_uint4(stamp, 0u, 0u, 0u);
-  return col < p.hidden ? data : make_uint4(0u, 0u, 0u, 0u);
+// The call's rows: their lines (of p.hidden columns) and work items of kLinesPerItem lines.
+__device__ int row_lines(const CombineParams& p) { return core::ll_row_lines(2 * p.hidden); }
+__device__ int row_items(const CombineParams& p) { return (row_lines(p) + kLinesPerItem - 1) / kLinesPerItem; }
+
+// This lane's share of one item of `row` (its two store instructions; `line` and `col` as item_line and
+// line_col give them): a data vector (zeros past the row), or the stamp vector on lanes 8 m + 7.
+__device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, const int (&line)[2],
+                           const int (&col)[2], const uint4 (&data)[2]) {
+  const int lines = row_lines(p), vector = lane_vector();
+  __syncwarp();  // a line's 8 vectors in one store instruction (see the protocol)
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if (line[j] >= lines) continue;
+    const uint4 x = vector == kDataVectors ? make_uint4(stamp, 0u, 0u, 0u)
+                    : col[j] < p.hidden    ? data[j]
+                                           : make_uint4(0u, 0u, 0u, 0u);
+    store_vector(row + line[j] * core::kLlLineVectors + vector, x);
+  }
 }
 
 // One warp, part `part` of `parts` of message (s, t): its lines of the message's rows back to the home
@@ -85,8 +99,7 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
   if (slots == 0u || home_masked) return true;  // no message from (s, t) in that dispatch, or s is masked
   if (!free) free = wait_set_free(v, core::kLlCombine, p.set, cseq);
   if (!free) return false;
-  const int lines = core::ll_row_lines(2 * p.hidden), items = (lines + kLinesPerItem - 1) / kLinesPerItem;
-  const int vector = lane_vector();
+  const int items = row_items(p), vector = lane_vector();
   for (int g = part; g < items; g += parts) {
     int line[2], col[2];
 #pragma unroll
@@ -98,18 +111,12 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
       for (uint32_t rest = slots; rest != 0u; rest &= rest - 1u) {
         const int slot = __ffs(rest) - 1;
         const int32_t row = __shfl_sync(~0u, row_of_slot, slot);
-        uint4* out = v.combine_row(s, p.set, slot, t);
         uint4 data[2] = {};
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           if (col[j] < p.hidden) data[j] = *reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j]);
         }
-        __syncwarp();  // a line's 8 vectors in one store instruction (see the protocol)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          if (line[j] < lines)
-            store_vector(out + line[j] * core::kLlLineVectors + vector, line_vector(p, stamp, col[j], data[j]));
-        }
+        store_item(p, v.combine_row(s, p.set, slot, t), stamp, line, col, data);
       }
       continue;
     }
@@ -140,13 +147,8 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
         }
       }
     }
-    uint4* out = v.combine_row(s, p.set, me, t);
-    __syncwarp();  // a line's 8 vectors in one store instruction (see the protocol)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (line[j] < lines)
-        store_vector(out + line[j] * core::kLlLineVectors + vector, line_vector(p, stamp, col[j], to_bf16(acc[j])));
-    }
+    const uint4 sums[2] = {to_bf16(acc[0]), to_bf16(acc[1])};
+    store_item(p, v.combine_row(s, p.set, me, t), stamp, line, col, sums);
   }
   return true;
 }
@@ -155,9 +157,8 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
   const LlView& v = p.v;
   const int messages = v.team.nranks * v.max_tokens;
   const int warps = gridDim.x * kWarps;
-  const int lines = core::ll_row_lines(2 * p.hidden), items = (lines + kLinesPerItem - 1) / kLinesPerItem;
-  const int parts = max(1, min(warps / messages, items));  // about one work item per warp
-  bool free = false;                                       // this warp has seen the set freed by every home rank
+  const int parts = max(1, min(warps / messages, row_items(p)));  // about one work item per warp
+  bool free = false;                                              // this warp has seen the set freed by every home rank
   bool ok = true;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = item / parts;
@@ -202,7 +203,7 @@ __device__ uint32_t first_missing_stamp(int g, int lines, uint32_t stamp, const 
 __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_t stamp, int t, int g) {
   const LlView& v = p.v;
   const int me = v.team.rank;
-  const int lines = core::ll_row_lines(2 * p.hidden);
+  const int lines = row_lines(p);
   const LlHomeToken home = *v.home_of(p.dispatch_set, t);
   // The rows t adds: local order, one per destination rank (row r); naive, one per valid slot (row k).
   const int rows = p.naive ? __popc(home.slots) : home.num_ranks;
@@ -255,8 +256,8 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
   const int vector = lane_vector();
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const int line = item_line(g, j), col = line_col(line);
-    if (line < lines && vector < kDataVectors && col < p.hidden)
+    const int col = line_col(item_line(g, j));
+    if (vector < kDataVectors && col < p.hidden)
       *reinterpret_cast<uint4*>(p.out + t * p.out_row_stride + col) = to_bf16(acc[j]);
   }
   return true;
@@ -269,7 +270,7 @@ __device__ void receive(const CombineParams& p, uint64_t cseq) {
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask (protocol.cuh)
   for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
   __syncthreads();
-  const int lines = core::ll_row_lines(2 * p.hidden), per_row = (lines + kLinesPerItem - 1) / kLinesPerItem;
+  const int per_row = row_items(p);
   const int items = p.num_tokens * per_row;
   bool ok = true;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < items; item += gridDim.x * kWarps) {
