@@ -456,9 +456,9 @@ inline LlExpected ll_masked_expected(const LlCase& c, int R, uint32_t seed, cons
 inline void ll_exchange_and_check(const LlCase& c, const LlExpected& want, LlBuffer& buffer, Team& team,
                                   const LlRankInputs& in, const LlOutputs& out, cudaStream_t stream) {
   const int rank = team.rank();
-  LlDispatchResult d;
   poison_ll_outputs(out, stream);
-  submit_together([&] { d = buffer.dispatch(ll_dispatch_args(c, in, out), Streams{stream}); });
+  const LlDispatchResult d =
+      submit_together([&] { return buffer.dispatch(ll_dispatch_args(c, in, out), Streams{stream}); });
   ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   EXPECT_EQ(d.handle.buffer, &buffer) << "rank " << rank;
   EXPECT_EQ(d.handle.num_tokens, c.T) << "rank " << rank;

@@ -45,6 +45,13 @@ struct Rig {
     return v;
   }
   LlDispatchArgs dispatch_args(int set) const { return ll_dispatch_args(c, in[set], out[set]); }
+  // Every call goes to the buffer together with the other ranks' (submit_together).
+  LlDispatchResult dispatch(const LlDispatchArgs& args, const Streams& on) {
+    return submit_together([&] { return buffer.dispatch(args, on); });
+  }
+  LlCombineResult combine(const LlCombineArgs& args, const Streams& on) {
+    return submit_together([&] { return buffer.combine(args, on); });
+  }
   LlCombineArgs combine_args(int set, const LlHandle& handle, LlCombineOrder order) const {
     return ll_combine_args(c, x[set], in[set], out[set], handle, order);
   }
@@ -93,9 +100,8 @@ void repeated_calls(const LlCase& c, Team& team, cudaStream_t stream) {
     const int set = i % kSets;
     const LlCombineOrder order = (i / 2) % 2 == 0 ? LlCombineOrder::local : LlCombineOrder::naive;
     poison_ll_outputs(rig.out[set], stream);
-    LlDispatchResult d;
-    submit_together([&] { d = rig.buffer.dispatch(rig.dispatch_args(set), Streams{stream}); });
-    submit_together([&] { rig.buffer.combine(rig.combine_args(set, d.handle, order), Streams{stream}); });
+    const LlDispatchResult d = rig.dispatch(rig.dispatch_args(set), Streams{stream});
+    rig.combine(rig.combine_args(set, d.handle, order), Streams{stream});
     sync_and_check_errors(rig.buffer, stream);
     SCOPED_TRACE("call " + std::to_string(i));
     check_ll_combine(c, rig.x[set], rank, rig.out[set], order);
@@ -111,16 +117,14 @@ void split_calls(const LlCase& c, Team& team, cudaStream_t stream) {
   LlDispatchArgs a = rig.dispatch_args(0);
   a.send_only = true;
   poison_ll_outputs(rig.out[0], stream);
-  LlDispatchResult d;
-  submit_together([&] { d = rig.buffer.dispatch(a, on); });
+  const LlDispatchResult d = rig.dispatch(a, on);
   ASSERT_TRUE(d.receive) << "rank " << rank << ": send_only dispatch returned no receive step";
   submit_together([&] { d.receive(); });
   sync_and_check_errors(rig.buffer, stream);
   check_ll_dispatch(c, rig.x[0], rank, rig.out[0]);
   LlCombineArgs ca = rig.combine_args(0, d.handle, LlCombineOrder::local);
   ca.send_only = true;
-  LlCombineResult r;
-  submit_together([&] { r = rig.buffer.combine(ca, on); });
+  const LlCombineResult r = rig.combine(ca, on);
   ASSERT_TRUE(r.receive) << "rank " << rank << ": send_only combine returned no receive step";
   submit_together([&] { r.receive(); });
   sync_and_check_errors(rig.buffer, stream);
@@ -128,16 +132,16 @@ void split_calls(const LlCase& c, Team& team, cudaStream_t stream) {
 
   // send A, send B, receive A, receive B, combine A, combine B.
   for (int set = 0; set < 2; ++set) poison_ll_outputs(rig.out[set], stream);
-  std::vector<LlDispatchResult> sent(2);
+  std::vector<LlDispatchResult> sent;
   for (int set = 0; set < 2; ++set) {
     LlDispatchArgs args = rig.dispatch_args(set);
     args.send_only = true;
-    submit_together([&] { sent[std::size_t(set)] = rig.buffer.dispatch(args, on); });
-    ASSERT_TRUE(sent[std::size_t(set)].receive) << "rank " << rank;
+    sent.push_back(rig.dispatch(args, on));
+    ASSERT_TRUE(sent.back().receive) << "rank " << rank;
   }
   for (const LlDispatchResult& s : sent) submit_together([&] { s.receive(); });
-  submit_together([&] { rig.buffer.combine(rig.combine_args(0, sent[0].handle, LlCombineOrder::local), on); });
-  submit_together([&] { rig.buffer.combine(rig.combine_args(1, sent[1].handle, LlCombineOrder::naive), on); });
+  rig.combine(rig.combine_args(0, sent[0].handle, LlCombineOrder::local), on);
+  rig.combine(rig.combine_args(1, sent[1].handle, LlCombineOrder::naive), on);
   sync_and_check_errors(rig.buffer, stream);
   for (int set = 0; set < 2; ++set) check_ll_dispatch(c, rig.x[set], rank, rig.out[set]);
   check_ll_combine(c, rig.x[0], rank, rig.out[0], LlCombineOrder::local);
@@ -152,16 +156,13 @@ void async_calls(const LlCase& c, Team& team, cudaStream_t stream) {
   ASSERT_EQ(cudaEventCreateWithFlags(&before, cudaEventDisableTiming), cudaSuccess);
   poison_ll_outputs(rig.out[0], stream);
   ASSERT_EQ(cudaEventRecord(before, stream), cudaSuccess);
-  LlDispatchResult d;
-  submit_together([&] { d = rig.buffer.dispatch(rig.dispatch_args(0), Streams{stream, true, before}); });
+  const LlDispatchResult d = rig.dispatch(rig.dispatch_args(0), Streams{stream, true, before});
   ASSERT_NE(d.finished, nullptr);
   ASSERT_EQ(cudaStreamWaitEvent(stream, d.finished, 0), cudaSuccess);
   sync_and_check_errors(rig.buffer, stream);
   check_ll_dispatch(c, rig.x[0], rank, rig.out[0]);
-  LlCombineResult r;
-  submit_together([&] {
-    r = rig.buffer.combine(rig.combine_args(0, d.handle, LlCombineOrder::naive), Streams{stream, true, nullptr});
-  });
+  const LlCombineResult r =
+      rig.combine(rig.combine_args(0, d.handle, LlCombineOrder::naive), Streams{stream, true, nullptr});
   ASSERT_NE(r.finished, nullptr);
   ASSERT_EQ(cudaStreamWaitEvent(stream, r.finished, 0), cudaSuccess);
   sync_and_check_errors(rig.buffer, stream);
@@ -184,7 +185,7 @@ void cumulative_counts(const LlCase& c, Team& team, cudaStream_t stream) {
     const bool counted = i != 1;
     LlDispatchArgs a = rig.dispatch_args(i);
     if (counted) a.cumulative_recv_count = static_cast<int32_t*>(counter.data);
-    submit_together([&] { rig.buffer.dispatch(a, Streams{stream}); });
+    rig.dispatch(a, Streams{stream});
     sync_and_check_errors(rig.buffer, stream);
     for (int e = 0; e < n && counted; ++e) want[std::size_t(e)] += rig.x[i].recv[rank].recv_count[std::size_t(e)];
     std::vector<int32_t> got(want.size());
@@ -212,11 +213,10 @@ void combine_from_buffer(const LlCase& c, Team& team, cudaStream_t stream) {
   ASSERT_EQ(cudaMemcpy2DAsync(y.data, y.row_stride * 2, rig.in[0].y->data, c.H * 2, c.H * 2, y.rows,
                               cudaMemcpyDeviceToDevice, stream),
             cudaSuccess);
-  LlDispatchResult d;
-  submit_together([&] { d = rig.buffer.dispatch(rig.dispatch_args(0), Streams{stream}); });
+  const LlDispatchResult d = rig.dispatch(rig.dispatch_args(0), Streams{stream});
   LlCombineArgs a = rig.combine_args(0, d.handle, LlCombineOrder::local);
   a.y = TensorRef{y.data, ScalarType::bf16, y.rows, c.H, y.row_stride, 1};
-  submit_together([&] { rig.buffer.combine(a, Streams{stream}); });
+  rig.combine(a, Streams{stream});
   sync_and_check_errors(rig.buffer, stream);
   check_ll_combine(c, x, rank, rig.out[0], LlCombineOrder::local);
 }
@@ -299,10 +299,10 @@ void refuse_bad_dispatch_arguments(Rig& rig, const Streams& on, int rank) {
 void refuse_bad_combine_arguments(Rig& rig, const Streams& on, int rank) {
   // Three dispatches: the first one's set is reused by the third, so its handle is stale.
   std::vector<LlDispatchResult> d;
-  for (int i = 0; i < 3; ++i) d.push_back(rig.buffer.dispatch(rig.dispatch_args(0), on));
+  for (int i = 0; i < 3; ++i) d.push_back(rig.dispatch(rig.dispatch_args(0), on));
   LlDispatchArgs unweighted = rig.dispatch_args(0);
   unweighted.topk_weights = TensorRef{};
-  const LlDispatchResult no_weights = rig.buffer.dispatch(unweighted, on);  // reuses the second's set
+  const LlDispatchResult no_weights = rig.dispatch(unweighted, on);  // reuses the second's set
   ASSERT_EQ(cudaStreamSynchronize(on.stream), cudaSuccess);
   rig.buffer.check_errors();
 
@@ -346,8 +346,8 @@ TEST(LlValidation, BadArgumentsAreRefusedBeforeLaunch) {
 
     // Nothing refused was launched: the ranks still meet, and a good call gives the reference's results.
     poison_ll_outputs(rig.out[0], stream);
-    const LlDispatchResult d = rig.buffer.dispatch(rig.dispatch_args(0), on);
-    rig.buffer.combine(rig.combine_args(0, d.handle, LlCombineOrder::local), on);
+    const LlDispatchResult d = rig.dispatch(rig.dispatch_args(0), on);
+    rig.combine(rig.combine_args(0, d.handle, LlCombineOrder::local), on);
     sync_and_check_errors(rig.buffer, stream);
     check_ll_dispatch(c, rig.x[0], rank, rig.out[0]);
     check_ll_combine(c, rig.x[0], rank, rig.out[0], LlCombineOrder::local);

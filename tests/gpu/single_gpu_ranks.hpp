@@ -40,13 +40,18 @@ namespace epx::test {
 inline thread_local std::barrier<>* rank_threads_meeting = nullptr;
 
 // Runs submit() (one call of this rank: one kernel launch) once every rank thread of a single-GPU
-// team has come here, then waits until every one has submitted too (see the rule above). On a world
-// team it only runs submit().
+// team has come here, waits until every one has submitted too (see the rule above; also when submit()
+// throws), and returns what submit() returned. On a world team it only runs submit().
 template <typename Submit>
-void submit_together(Submit submit) {
+decltype(auto) submit_together(Submit submit) {
+  struct MeetAfter {
+    ~MeetAfter() {
+      if (rank_threads_meeting != nullptr) rank_threads_meeting->arrive_and_wait();
+    }
+  };
   if (rank_threads_meeting != nullptr) rank_threads_meeting->arrive_and_wait();
-  submit();
-  if (rank_threads_meeting != nullptr) rank_threads_meeting->arrive_and_wait();
+  const MeetAfter meet_after;
+  return submit();
 }
 
 // Called by a rank thread that makes none of the team's calls from here on (and by every thread when
