@@ -448,9 +448,6 @@ void validate_ht_bench_options(const HtBenchOptions& o) {
   require(o.topk <= o.experts, "--topk must be at most --experts (each token picks distinct experts)");
   require(o.num_sms >= 0, "--ht-sms must be >= 0 (0: the library's default)");
   require(o.repetitions >= 1 && o.tune_repetitions >= 1 && o.warmup >= 0, "repetitions must be >= 1");
-#ifndef EPX_PHASE_TRACE
-  require(!o.trace, "--trace needs a build with cmake -DEPX_PHASE_TRACE=ON");
-#endif
 }
 
 HtBenchResult run_ht_bench(Team& team, const HtBenchOptions& options) {

@@ -101,36 +101,27 @@ Limits measure_limits(Team& team) {
   });
   limits.hbm_copy_gbps = 2.0 * kBytes / (hbm.median_us * 1e-6) / 1e9;
 
-  // An empty kernel from a graph: the floor under any timed kernel.
-  {
+  // A graph of `kernels` empty kernels (the LL grid), launched once per timing after before(): the
+  // median per kernel.
+  const auto empty_graph_us = [&](int kernels, const std::function<void(cudaStream_t)>& before) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    for (int i = 0; i < 10; ++i) empty_kernel<<<c.sms, 512, 0, stream>>>();
+    for (int i = 0; i < kernels; ++i) empty_kernel<<<c.sms, 512, 0, stream>>>();
     check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
     check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-    const Timing t = time_on_stream(stream, 5, 100, nothing,
+    const Timing t = time_on_stream(stream, 5, 100, before,
                                     [&](cudaStream_t s) { check_cuda(cudaGraphLaunch(exec, s), "cudaGraphLaunch"); });
-    limits.empty_graph_kernel_us = t.median_us / 10;
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-  }
-  // A graph of one empty kernel (the LL grid), launched once per timing after a team barrier, events
-  // around the launch: how ll_bench.cu times each LL call, so the floor under each of them. Ten
-  // kernels in one graph (above) overlap each launch with the kernel before it; a call cannot.
-  {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    empty_kernel<<<c.sms, 512, 0, stream>>>();
-    check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
-    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-    const Timing t = time_on_stream(stream, 5, 100, barrier,
-                                    [&](cudaStream_t s) { check_cuda(cudaGraphLaunch(exec, s), "cudaGraphLaunch"); });
-    limits.one_kernel_graph_us = t.median_us;
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-  }
+    return t.median_us / kernels;
+  };
+  // Ten kernels in one graph: the floor under any kernel in a stream of them (each launch overlaps the
+  // kernel before it).
+  limits.empty_graph_kernel_us = empty_graph_us(10, nothing);
+  // One kernel per graph, after a team barrier, events around the launch: how ll_bench.cu times each LL
+  // call, so the floor under each of them.
+  limits.one_kernel_graph_us = empty_graph_us(1, barrier);
 
   if (team.size() >= 2 && !team.is_single_gpu()) {
     limits.measured_nvlink = true;

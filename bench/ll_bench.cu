@@ -188,7 +188,7 @@ struct Traffic {
   OpBytes combine(LlCombineOrder order) const {
     // Rows back travel as lines (core::kLlLineBytes, 112 bytes of row in each).
     const int64_t rows_back = order == LlCombineOrder::local ? remote_messages : remote_slots;
-    const double row_bytes = double(core::kLlLineBytes) * core::ll_row_lines(int(2 * hidden));
+    const double row_bytes = double(core::ll_combine_row_bytes(int(hidden)));
     return {double(rows_back) * row_bytes, double(received_rows) * 2 * hidden};
   }
 };
@@ -547,9 +547,6 @@ void validate_ll_bench_options(const LlBenchOptions& o, int ranks) {
   require(o.num_sms >= 0, "--ll-sms must be >= 0 (0: the library's default)");
   require(o.replays >= 1 && o.warmup >= 0 && (o.warmup + o.replays) % 2 == 0,
           "replays must be >= 1, with warmup + replays even");
-#ifndef EPX_PHASE_TRACE
-  require(!o.trace, "--trace needs a build with cmake -DEPX_PHASE_TRACE=ON");
-#endif
 }
 
 LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {

@@ -128,6 +128,12 @@ Args parse(int argc, char** argv) {
     std::fprintf(stderr, "epx-bench: --trace traces HT and LL calls, which --skip-ht and --skip-ll leave out\n");
     std::exit(2);
   }
+#ifndef EPX_PHASE_TRACE
+  if (args.ht.trace) {
+    std::fprintf(stderr, "epx-bench: --trace needs a build with cmake -DEPX_PHASE_TRACE=ON\n");
+    std::exit(2);
+  }
+#endif
   return args;
 }
 
@@ -240,7 +246,7 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
                "graphs of the call alternate the buffer sets; no L2 flush (latency-bound); bytes and GB/s: the "
                "slowest rank's, per direction (NVLink: dispatch messages, payload as stamped words (twice its bytes) + "
                "message_header_bytes each, or "
-               "combine rows back to the home rank)")
+               "combine rows back to the home rank as 128-byte lines of 112 row bytes)")
         .end_object();
   }
 }
@@ -275,17 +281,17 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .field("empty_graph_kernel_us", limits.empty_graph_kernel_us)
       .field("one_kernel_graph_us", limits.one_kernel_graph_us)
       .field("hbm_copy_gbps", limits.hbm_copy_gbps)
-      .field("data_checked", limits.data_checked)
-      .field("stamped_lines", static_cast<long long>(limits.stamps.lines))
-      .field("stamped_16_bytes_torn", static_cast<long long>(limits.stamps.torn_16))
-      .field("stamped_16_bytes_missing", static_cast<long long>(limits.stamps.missing_16))
-      .field("stamped_128_bytes_torn", static_cast<long long>(limits.stamps.torn_128))
-      .field("stamped_128_bytes_missing", static_cast<long long>(limits.stamps.missing_128))
-      .field("stamped_same_gpu_16_bytes_torn", static_cast<long long>(limits.stamps_same_gpu.torn_16))
-      .field("stamped_same_gpu_16_bytes_missing", static_cast<long long>(limits.stamps_same_gpu.missing_16))
-      .field("stamped_same_gpu_128_bytes_torn", static_cast<long long>(limits.stamps_same_gpu.torn_128))
-      .field("stamped_same_gpu_128_bytes_missing", static_cast<long long>(limits.stamps_same_gpu.missing_128))
-      .end_object();
+      .field("data_checked", limits.data_checked);
+  const auto write_stamps = [&](const std::string& prefix, const StampProbe& p) {
+    j.field((prefix + "lines").c_str(), static_cast<long long>(p.lines))
+        .field((prefix + "16_bytes_torn").c_str(), static_cast<long long>(p.torn_16))
+        .field((prefix + "16_bytes_missing").c_str(), static_cast<long long>(p.missing_16))
+        .field((prefix + "128_bytes_torn").c_str(), static_cast<long long>(p.torn_128))
+        .field((prefix + "128_bytes_missing").c_str(), static_cast<long long>(p.missing_128));
+  };
+  write_stamps("stamped_", limits.stamps);
+  write_stamps("stamped_same_gpu_", limits.stamps_same_gpu);
+  j.end_object();
   j.begin_array("results");
   if (ht != nullptr) write_ht_rows(j, *ht);
   if (ll != nullptr) write_ll_rows(j, *ll);

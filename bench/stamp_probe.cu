@@ -1,7 +1,7 @@
-// Do stamped stores arrive whole over NVLink? The LL protocols under consideration (docs/PERFORMANCE.md)
-// would let a receiver take data as soon as its stamp shows, with no fence or flag: that needs a store
-// and the load that sees it to move the stamp and its payload together. This probe counts how often a
-// receiver sees a current stamp next to stale payload, for two granularities:
+// Do stamped stores arrive whole (over NVLink, and from a rank to its own memory)? The LL protocol
+// (src/kernels/ll/protocol.cuh) lets a receiver take data as soon as its stamp shows, with no fence or
+// flag: that needs a store and the load that sees it to move the stamp and its payload together. This
+// probe counts how often a receiver sees a current stamp next to stale payload, for two granularities:
 //   * 16 bytes: one st.v4 per thread, stamp in its first word, three words of payload;
 //   * 128 bytes: one warp store instruction, 8 lanes per line, stamp in the first word of the line's
 //     last 16 bytes; the receiver loads the whole line in one warp load instruction too.

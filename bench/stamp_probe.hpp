@@ -1,5 +1,5 @@
-// Whether stamped 16-byte and 128-byte stores arrive whole over NVLink (see stamp_probe.cu): a fact the
-// LL protocol's design depends on, measured next to the limits.
+// Whether stamped 16-byte and 128-byte stores arrive whole, over NVLink and from a rank to its own memory
+// (see stamp_probe.cu): what the LL protocol's stamped words and lines rest on, measured next to the limits.
 #pragma once
 
 #include <cstdint>

@@ -60,6 +60,10 @@ inline constexpr uint32_t ll_stamp(uint64_t seq) { return uint32_t(seq % 0xFFFFF
 // the same; epx-bench's stamp probe counts torn lines in every run).
 inline constexpr int kLlLineBytes = 128, kLlLineVectors = 8, kLlLineDataBytes = 112;
 inline constexpr int ll_row_lines(int row_bytes) { return (row_bytes + kLlLineDataBytes - 1) / kLlLineDataBytes; }
+// The bytes of a combine row of `hidden` BF16 columns as lines.
+inline constexpr std::size_t ll_combine_row_bytes(int hidden) {
+  return std::size_t(kLlLineBytes) * ll_row_lines(2 * hidden);
+}
 
 // One dedup message's routing part, the slots of the token whose experts live on the destination, as
 // kLlHeaderWords data words:
@@ -86,7 +90,7 @@ struct LlAreas {
   int num_ranks = 0, max_tokens = 0, num_experts = 0;
   int combine_slots = 0;              // S = max(R, K_max)
   std::size_t payload_bytes = 0;      // 4 H: a BF16 row as stamped words; an FP8 row and its scales fit too
-  std::size_t combine_row_bytes = 0;  // a BF16 row as lines: kLlLineBytes * ll_row_lines(2 H)
+  std::size_t combine_row_bytes = 0;  // ll_combine_row_bytes(H)
 
   // Symmetric offsets.
   std::size_t freed = 0, manifests = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0;
