@@ -2,7 +2,8 @@
 # `trap`. The trace build is for profiling and is not part of the normal build, so without this check a
 # phase-trace change that compiles but faults on the GPU (device code reading a host-only table, which
 # nvcc turns into a trap) would only show when someone runs epx-bench --trace. No kernel traps on purpose.
-# Variables: NVCC, ARCH (e.g. 90a), SOURCE_DIR (the repository), NCCL_INCLUDE_DIR, WORK_DIR.
+# Variables: NVCC, ARCH (e.g. 90a), FLAGS (the project's CUDA flags, EPX_CUDA_FLAGS), SOURCE_DIR (the
+# repository), NCCL_INCLUDE_DIR, WORK_DIR.
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 file(GLOB kernels "${SOURCE_DIR}/src/kernels/*/*.cu")
@@ -17,7 +18,7 @@ foreach(source IN LISTS kernels)
   get_filename_component(group "${dir}" NAME)
   set(ptx "${WORK_DIR}/${group}_${name}.ptx")
   execute_process(
-    COMMAND "${NVCC}" -O3 -DNDEBUG -DEPX_PHASE_TRACE -std=c++20 --expt-relaxed-constexpr
+    COMMAND "${NVCC}" -O3 -DNDEBUG -DEPX_PHASE_TRACE -std=c++20 ${FLAGS}
             --generate-code=arch=compute_${ARCH},code=sm_${ARCH} -I "${SOURCE_DIR}/include" -I "${SOURCE_DIR}/src"
             -I "${NCCL_INCLUDE_DIR}" -ptx "${source}" -o "${ptx}"
     RESULT_VARIABLE rc)

@@ -26,7 +26,7 @@ from ..ht import HtBuffer, HtHandle
 from ..ll import LlBuffer, LlHandle
 from ..team import Team
 from .config import Config
-from .utils import EventOverlap
+from .utils import EventHandle, EventOverlap
 
 # Top-k the LL buffer is made for when the call's is smaller (a later call up to it needs no new buffer;
 # DeepSeek-V3's is 8).
@@ -164,10 +164,8 @@ class Buffer:
 
     @staticmethod
     def capture() -> EventOverlap:
-        """An event recorded on the current stream (to pass as previous_event)."""
-        event = torch().cuda.Event()
-        event.record(torch().cuda.current_stream())
-        return EventOverlap(event)
+        """An event recorded on the current stream (to pass as previous_event), as DeepEP makes it."""
+        return EventOverlap(EventHandle())
 
     @staticmethod
     def get_low_latency_rdma_size_hint(
