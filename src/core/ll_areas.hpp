@@ -60,6 +60,8 @@ inline constexpr uint32_t ll_stamp(uint64_t seq) { return uint32_t(seq % 0xFFFFF
 // the same; epx-bench's stamp probe counts torn lines in every run).
 inline constexpr int kLlLineBytes = 128, kLlLineVectors = 8, kLlLineDataBytes = 112;
 inline constexpr int ll_row_lines(int row_bytes) { return (row_bytes + kLlLineDataBytes - 1) / kLlLineDataBytes; }
+// A manifest's words (a bit per token, 32 a word) for T_max tokens.
+inline constexpr int ll_manifest_words(int max_tokens) { return (max_tokens + 31) / 32; }
 // The bytes of a combine row of `hidden` BF16 columns as lines.
 inline constexpr std::size_t ll_combine_row_bytes(int hidden) {
   return std::size_t(kLlLineBytes) * ll_row_lines(2 * hidden);
@@ -102,7 +104,7 @@ struct LlAreas {
 
   int experts_per_rank() const { return num_experts / num_ranks; }
   int64_t rows_per_expert() const { return int64_t(num_ranks) * max_tokens; }  // C
-  int manifest_words() const { return (max_tokens + 31) / 32; }
+  int manifest_words() const { return ll_manifest_words(max_tokens); }
 };
 
 LlAreas ll_areas(const LlBufferOptions& options, int num_ranks);

@@ -97,8 +97,7 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
   const float weight_of_slot = v.entry_weights_of(p.dispatch_set, s, t)[k];
   const bool home_masked = is_masked(v, s);     // loaded with the record, not after it
   if (slots == 0u || home_masked) return true;  // no message from (s, t) in that dispatch, or s is masked
-  if (!free) free = wait_set_free(v, core::kLlCombine, p.set, cseq);
-  if (!free) return false;
+  if (!ensure_set_free(v, core::kLlCombine, p.set, cseq, free)) return false;
   const int items = row_items(p), vector = lane_vector();
   for (int g = part; g < items; g += parts) {
     int line[2], col[2];

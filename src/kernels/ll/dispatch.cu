@@ -215,13 +215,6 @@ __device__ void write_routing(const DispatchParams& p, const int16_t* experts, u
   }
 }
 
-// Before a warp's first remote store of the call: the destination sets are free (see protocol.cuh).
-// Returns false when the team failed.
-__device__ bool ensure_set_free(const DispatchParams& p, uint64_t seq, bool& free) {
-  if (!free) free = wait_set_free(p.v, core::kLlDispatch, p.set, seq);
-  return free;
-}
-
 // A send item's columns as they go on the wire (the lane mapping above): BF16 pieces, or FP8 pieces
 // (the first kFp8Pieces) and their groups' scales.
 struct ItemColumns {
@@ -268,7 +261,7 @@ __device__ bool send_columns(const DispatchParams& p, const int16_t* experts, ui
   const int rank = expert >= 0 ? int(expert / v.experts_per_rank()) : -1;
   const uint32_t same_rank = __match_any_sync(~0u, rank);
   const uint32_t leaders = __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1);
-  if (!ensure_set_free(p, seq, free)) return false;
+  if (!ensure_set_free(v, core::kLlDispatch, p.set, seq, free)) return false;
   if (chunk == 0) write_routing(p, experts, stamp, t, expert, rank, leaders);
   for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
@@ -313,7 +306,7 @@ __device__ bool send_counts_and_manifests(const DispatchParams& p, const int16_t
     if (e >= 0 && !repeated) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
-  if (!ensure_set_free(p, seq, free)) return false;
+  if (!ensure_set_free(v, core::kLlDispatch, p.set, seq, free)) return false;
   for (int e = threadIdx.x; e < v.num_experts; e += blockDim.x) {
     if (!masked[e / E_local])
       store_word(v.expert_counts_of(e / E_local, p.set, v.team.rank) + e % E_local, core::stamped(stamp, counts[e]));

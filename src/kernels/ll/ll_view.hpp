@@ -40,7 +40,7 @@ struct LlView {
   }
   // Which of source src's tokens send owner a message, [T_max / 32] stamped words of 32 bits.
   __device__ core::LlWord* manifest_of(int owner, int set, int src) const {
-    const int words = (max_tokens + 31) / 32;
+    const int words = core::ll_manifest_words(max_tokens);
     return reinterpret_cast<core::LlWord*>(base.base[owner] + manifests) + (int64_t(set) * team.nranks + src) * words;
   }
   // Source src's tokens per local expert of owner, [E_local] stamped words.

@@ -138,6 +138,13 @@ __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t 
   return __all_sync(~0u, ok);
 }
 
+// Before a warp's first remote store of a call: wait_set_free once (`free`: the warp has seen it).
+// Returns false on every lane when the team failed.
+__device__ inline bool ensure_set_free(const LlView& v, int op, int set, uint64_t seq, bool& free) {
+  if (!free) free = wait_set_free(v, op, set, seq);
+  return free;
+}
+
 // Every thread of every CTA calls it once its reads for the receive step of call seq on (op, set) are
 // done. The last CTA (signal_when_last with LastCta::counts: no fence) sets this rank's own freed(me,
 // op, set, me) = seq and records the call in pending_freed[op] for signal_pending_freed, unless the
