@@ -2,7 +2,9 @@
 // is_token_in_rank, for token counts that fill zero, one and several of the layout kernel's tiles, top-k
 // up to the buffer's limit of 32, int64 and int32 ids, empty slots and tokens naming an expert twice.
 // Each rank calls it three times on the same stream with its outputs poisoned before each call: the
-// kernel's tiles hand their counts to each other through words that every call reuses.
+// kernel's tiles hand their counts to each other through words that every call reuses. The layout waits
+// for no peer, but each call still goes to the GPU together with the other ranks' (submit_together,
+// single_gpu_ranks.hpp), as every call of the HT tests' single-GPU teams does.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -55,7 +57,7 @@ void run_rank(const LayoutCase& c, Team& team, cudaStream_t stream) {
     poison(TensorRef::matrix(in_rank.data, ScalarType::boolean, c.T, c.R), stream);
     const HtLayout out{static_cast<int32_t*>(per_rank.data), static_cast<int32_t*>(per_expert.data),
                        static_cast<bool*>(in_rank.data)};
-    buffer.get_layout(topk, out, HtStreams{stream});
+    submit_together([&] { buffer.get_layout(topk, out, HtStreams{stream}); });
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
 
     std::vector<int32_t> got_rank(c.R), got_expert(c.E);

@@ -1,6 +1,7 @@
 // HT calls in the ways users run them besides the plain stream: on the buffer's communication stream
 // with events (overlap with compute), and captured once into a CUDA graph (worst-case form) and
-// replayed with new inputs.
+// replayed with new inputs. Every call or graph launch that runs kernels goes to the GPU together with
+// the other ranks' (submit_together, single_gpu_ranks.hpp), after its copies.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -30,14 +31,16 @@ void async_round(const std::vector<Expected>& expected, Team& team, cudaStream_t
   cudaEvent_t before;
   ASSERT_EQ(cudaEventCreateWithFlags(&before, cudaEventDisableTiming), cudaSuccess);
   ASSERT_EQ(cudaEventRecord(before, stream), cudaSuccess);
-  const HtDispatchResult d = buffer.dispatch(in.args, HtStreams{stream, true, before});
+  const HtDispatchResult d = submit_together([&] { return buffer.dispatch(in.args, HtStreams{stream, true, before}); });
   ASSERT_NE(d.finished, nullptr);
   ASSERT_EQ(cudaStreamWaitEvent(stream, d.finished, 0), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   check_dispatch(kCase, rank, d, x.dispatch.recv[rank], N);
 
   combine.args.handle = d.handle;
-  const HtCombineResult c = buffer.combine(combine.args, HtStreams{stream, true, nullptr});
+  const HtCombineResult c = submit_together([&] {
+    return buffer.combine(combine.args, HtStreams{stream, true, nullptr});
+  });
   ASSERT_NE(c.finished, nullptr);
   ASSERT_EQ(cudaStreamWaitEvent(stream, c.finished, 0), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -77,7 +80,8 @@ void graph_rounds(const std::vector<Expected>& expected, Team& team, cudaStream_
     copy_to_device(y.data, x.y[rank].y.data);
     copy_to_device(yw.data, x.y[rank].topk_weights.data);
     copy_to_device(bias.data, x.bias[rank].data);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    // One launch of both captured calls (the graph orders their kernels), as LL's replays (ll_modes_test.cu).
+    submit_together([&] { ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess); });
     ASSERT_NO_FATAL_FAILURE(complete(team, stream));
     check_dispatch(kCase, rank, d, x.dispatch.recv[rank], x.dispatch.recv[rank].num_recv_tokens);
     check_combine(kCase, rank, c, x.combine[rank]);
@@ -143,7 +147,7 @@ TEST(HtValidation, BadArgumentsAndInvalidExpertIds) {
     }
     expect_error(ErrorKind::invalid_argument,
                  {rank == 1 ? "topk_idx[5][2] = " + std::to_string(kCase.E) : std::string("rank 1 passed")},
-                 [&] { buffer.dispatch(in.args, on); });
+                 [&] { submit_together([&] { buffer.dispatch(in.args, on); }); });
   });
 }
 
@@ -154,9 +158,9 @@ TEST(HtTimeout, AbsentPeerIsNamed) {
   on_single_gpu_team(2, TeamOptions{std::chrono::milliseconds(300)}, [&](Team& team, cudaStream_t stream) {
     RankInputs in = upload_inputs(kCase, expected[0].tokens[team.rank()]);
     HtBuffer buffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, kCase.E});
-    if (team.rank() == 1) return;  // rank 1 is "dead"
+    if (team.rank() == 1) return;  // rank 1 is "dead" (returning, it leaves the meetings)
     expect_error(ErrorKind::timeout, {"HT dispatch count exchange", "waiting for rank 1"},
-                 [&] { buffer.dispatch(in.args, HtStreams{stream}); });
+                 [&] { submit_together([&] { buffer.dispatch(in.args, HtStreams{stream}); }); });
     EXPECT_TRUE(team.failed());
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   });

@@ -39,10 +39,13 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
                   c.num_sms > 0 ? HtConfig{c.num_sms} : HtConfig{});
   const HtStreams on{stream};
 
+  // Each call goes to the buffer together with the other ranks' (submit_together, single_gpu_ranks.hpp),
+  // after its poisons and copies. The exact form returns only once every rank's kernel has sent its
+  // counts; every rank has passed the meeting before the call by then, so it submits its own.
   // 1. Exact form.
   // Outputs are complete in stream order (the exact form returns once N is known, not once rows landed),
   // so every check below synchronises the stream first.
-  const HtDispatchResult exact = buffer.dispatch(args, on);
+  const HtDispatchResult exact = submit_together([&] { return buffer.dispatch(args, on); });
   ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   ASSERT_EQ(exact.num_recv_tokens, N) << "rank " << rank;
   EXPECT_EQ(exact.num_recv_tokens_per_expert_host, want.num_recv_tokens_per_expert) << "rank " << rank;
@@ -56,7 +59,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   if (c.fp8) poison(exact.recv_x_scales, stream);
   HtDispatchArgs worst = args;
   worst.num_worst_tokens = int64_t(x.R) * std::max(c.T, 1);
-  const HtDispatchResult padded = buffer.dispatch(worst, on);
+  const HtDispatchResult padded = submit_together([&] { return buffer.dispatch(worst, on); });
   ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   EXPECT_EQ(padded.num_rows, worst.num_worst_tokens);
   check_dispatch(c, rank, padded, want, N);
@@ -66,7 +69,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   poison(padded.recv_src_idx, stream);
   HtDispatchArgs cached = args;
   cached.cached = exact.handle;
-  const HtDispatchResult again = buffer.dispatch(cached, on);
+  const HtDispatchResult again = submit_together([&] { return buffer.dispatch(cached, on); });
   ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   ASSERT_EQ(again.num_recv_tokens, N);
   check_dispatch(c, rank, again, want, N);
@@ -75,7 +78,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   HtCombineArgs combine = strided.args;
   combine.handle = exact.handle;
   poison(buffer.combine_input(N, c.H), stream);
-  const HtCombineResult out = buffer.combine(combine, on);
+  const HtCombineResult out = submit_together([&] { return buffer.combine(combine, on); });
   ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   check_combine(c, rank, out, x.combine[rank]);
 
@@ -91,7 +94,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
             cudaSuccess);
   combine.y = in_place;
   combine.topk_weights = in_place_weights;
-  const HtCombineResult zero_copy = buffer.combine(combine, on);
+  const HtCombineResult zero_copy = submit_together([&] { return buffer.combine(combine, on); });
   ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   check_combine(c, rank, zero_copy, x.combine[rank]);
 }
@@ -156,7 +159,8 @@ void start_calls_at(HtBuffer& buffer, const HtBufferOptions& options, int R, uin
 // below 2^32: round 1 is call 2^32 - 1, round 2 call 2^32, whose stamp (its low 32 bits) is 0. Round 2
 // has other routing and other y, and the combine input is poisoned before each combine, so a count or
 // copy-progress word of round 1 taken for round 2's gives wrong rows. Every device array of both rounds
-// is made before the first (single_gpu_ranks.hpp: no cudaMalloc or cudaFree between a team's calls).
+// is made before the first (single_gpu_ranks.hpp: no cudaMalloc or cudaFree between a team's calls), and
+// each call is submitted together with the other ranks' (submit_together), after its copies and poisons.
 void cross_two_to_the_32(const HtCase& c, const std::vector<Expected>& rounds, Team& team, cudaStream_t stream) {
   const int rank = team.rank();
   RankInputs inputs = allocate_inputs(c.T, c.H, c.K);
@@ -173,7 +177,7 @@ void cross_two_to_the_32(const HtCase& c, const std::vector<Expected>& rounds, T
     const ref::HtRecv& want = x.dispatch.recv[rank];
     const int64_t N = want.num_recv_tokens;
     write_inputs(c, x.tokens[rank], inputs);
-    const HtDispatchResult got = buffer.dispatch(inputs.args, on);
+    const HtDispatchResult got = submit_together([&] { return buffer.dispatch(inputs.args, on); });
     ASSERT_NO_FATAL_FAILURE(complete(team, stream));
     ASSERT_EQ(got.num_recv_tokens, N) << "rank " << rank;
     check_dispatch(c, rank, got, want, N);
@@ -181,7 +185,7 @@ void cross_two_to_the_32(const HtCase& c, const std::vector<Expected>& rounds, T
     HtCombineArgs& args = combine_inputs[i].args;
     args.handle = got.handle;
     poison(buffer.combine_input(N, c.H), stream);
-    const HtCombineResult out = buffer.combine(args, on);
+    const HtCombineResult out = submit_together([&] { return buffer.combine(args, on); });
     ASSERT_NO_FATAL_FAILURE(complete(team, stream));
     check_combine(c, rank, out, x.combine[rank]);
   }

@@ -12,12 +12,17 @@
 // queues), a copy queued behind that waiting kernel cannot start, and while a thread is blocked in a
 // synchronous copy the other threads' launches block in the driver too (seen on LL calls whose ranks
 // do not wait for every rank: "combine launch took 5001 ms" on the ranks whose rows a rank waited
-// for). So LL bodies submit each call with submit_together: the ranks' threads meet before it (every
-// copy of the previous step is done) and after it (every rank's kernel of the call is queued); copies
-// and memsets (which may run on a copy engine) go before the first meeting. One call (one kernel) per
-// rank at a time: on a shared queue a rank's second kernel waits there for its first, and everything
-// queued behind it waits too, other ranks' kernels that the first one waits for included (seen: LL
-// dispatch and combine submitted together timed out on one queue).
+// for). So LL and HT bodies submit each call with submit_together (without it, the 33-rank case of
+// ht_test.cu failed on 2026-11-22 on 4 x H200, in a plain run, not on one queue: many ranks' first
+// dispatch waited in its count exchange for ranks whose kernel had never started): the ranks' threads
+// meet before it (every copy of the previous step is done) and after it (every rank's kernel of the
+// call is queued); copies and memsets (which may run on a copy engine) go before the first meeting. An
+// HT exact-form dispatch returns only once its kernel has every rank's counts, which it can: every
+// rank has passed the first meeting by then. One call (one kernel that waits for peers) per rank at a
+// time: on a shared queue a rank's second kernel waits there for its first, and everything queued
+// behind it waits too, other ranks' kernels that the first one waits for included (seen: LL dispatch
+// and combine submitted together timed out on one queue). An HT call's first kernel (the layout, or
+// the copy of y) waits for no peer, and the second starts beside it (programmatic dependent launch).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -39,7 +44,7 @@ namespace epx::test {
 // ranks are processes with their own hardware queues).
 inline thread_local std::barrier<>* rank_threads_meeting = nullptr;
 
-// Runs submit() (one call of this rank: one kernel launch) once every rank thread of a single-GPU
+// Runs submit() (one call of this rank, or one graph launch) once every rank thread of a single-GPU
 // team has come here, waits until every one has submitted too (see the rule above; also when submit()
 // throws), and returns what submit() returned. On a world team it only runs submit().
 template <typename Submit>

@@ -199,14 +199,15 @@ struct Rig {
   }
 };
 
-// Dispatch and combine with weights and bias, checked as ht_test.cu checks its exact form.
+// Dispatch and combine with weights and bias, checked as ht_test.cu checks its exact form. Each call is
+// submitted together with the other ranks' (submit_together, single_gpu_ranks.hpp), after its copies.
 void ht_exchange(const Iteration& it, Rig& rig, int rank, cudaStream_t stream) {
   const HtCase& c = it.ht_case;
   const Expected& x = it.ht_expected;
   const ref::HtRecv& want = x.dispatch.recv[rank];
   const int64_t N = want.num_recv_tokens;
   write_inputs(c, x.tokens[rank], rig.ht_in);
-  const HtDispatchResult got = rig.ht.dispatch(rig.ht_in.args, HtStreams{stream});
+  const HtDispatchResult got = submit_together([&] { return rig.ht.dispatch(rig.ht_in.args, HtStreams{stream}); });
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   ASSERT_EQ(got.num_recv_tokens, N) << "rank " << rank;
   EXPECT_EQ(got.num_recv_tokens_per_expert_host, want.num_recv_tokens_per_expert) << "rank " << rank;
@@ -216,11 +217,10 @@ void ht_exchange(const Iteration& it, Rig& rig, int rank, cudaStream_t stream) {
   copy_to_device(a.y.data, x.y[rank].y.data);
   copy_to_device(a.y_weights.data, x.y[rank].topk_weights.data);
   copy_to_device(a.bias.data, x.bias[rank].data);
-  const HtCombineResult out =
-      rig.ht.combine(HtCombineArgs{TensorRef::matrix(a.y.data, ScalarType::bf16, N, c.H),
-                                   TensorRef::matrix(a.y_weights.data, ScalarType::float32, N, c.K),
-                                   TensorRef::matrix(a.bias.data, ScalarType::bf16, c.T, c.H), got.handle},
-                     HtStreams{stream});
+  const HtCombineArgs args{TensorRef::matrix(a.y.data, ScalarType::bf16, N, c.H),
+                           TensorRef::matrix(a.y_weights.data, ScalarType::float32, N, c.K),
+                           TensorRef::matrix(a.bias.data, ScalarType::bf16, c.T, c.H), got.handle};
+  const HtCombineResult out = submit_together([&] { return rig.ht.combine(args, HtStreams{stream}); });
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   rig.ht.check_errors();
   check_combine(c, rank, out, x.combine[rank]);
