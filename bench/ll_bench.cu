@@ -28,9 +28,9 @@ namespace {
 using detail::check_cuda;
 
 // The header that travels with each dispatch message (slots, local expert ids, block rows, weights), as
-// stamped words; a payload travels as stamped words too (core::LlWord: 8 bytes for every 4 of data).
+// stamped words; a payload travels as lines (core::kLlLineBytes, 112 row bytes each; FP8 scales ride in
+// the stamp vectors).
 constexpr double kMessageHeaderBytes = core::kLlHeaderWords * sizeof(core::LlWord);
-constexpr double kStampedWordFactor = double(sizeof(core::LlWord)) / sizeof(uint32_t);
 constexpr uint16_t kBf16NaN = 0x7fc0;
 
 static_assert(sizeof(LlRange) == sizeof(ref::RowRange) && offsetof(LlRange, count) == offsetof(ref::RowRange, count),
@@ -181,8 +181,8 @@ struct Traffic {
   int64_t received_rows = 0;    // (token, local expert) rows this rank receives, its own included
 
   OpBytes dispatch(bool fp8) const {
-    const double H = double(hidden), payload = fp8 ? H + 4 * H / 128 : 2 * H;
-    return {double(remote_messages) * (kStampedWordFactor * payload + kMessageHeaderBytes),
+    const double H = double(hidden), payload = double(core::kLlLineBytes) * core::ll_row_lines(int(fp8 ? H : 2 * H));
+    return {double(remote_messages) * (payload + kMessageHeaderBytes),
             double(received_rows) * 2 * H * (fp8 ? (1 + 4.0 / 128) / 2 : 1.0)};
   }
   OpBytes combine(LlCombineOrder order) const {

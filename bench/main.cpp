@@ -244,9 +244,8 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
                "time_us: the slowest rank's median (slowest_rank) of `replays` CUDA-graph replays, each one call "
                "(dispatch_combine: one of each) timed by events around its graph launch after a team barrier; two "
                "graphs of the call alternate the buffer sets; no L2 flush (latency-bound); bytes and GB/s: the "
-               "slowest rank's, per direction (NVLink: dispatch messages, payload as stamped words (twice its bytes) + "
-               "message_header_bytes each, or "
-               "combine rows back to the home rank as 128-byte lines of 112 row bytes)")
+               "slowest rank's, per direction (NVLink: dispatch messages, payload as 128-byte lines of 112 row bytes + "
+               "message_header_bytes each, or combine rows back to the home rank as such lines)")
         .end_object();
   }
 }

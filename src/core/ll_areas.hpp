@@ -6,13 +6,15 @@
 //   freed            uint64 [op][set][R peer] (op 0 dispatch, op 1 combine), a call's sequence number
 //                    (src/kernels/ll/protocol.cuh): the peer has finished reading what I wrote to it in
 //                    the call (the data carries its call's stamp, so no flag says it is ready)
-//   The dispatch's areas hold stamped words (LlWord: 4 bytes of data, the call's stamp above them, one
-//   8-byte store each), so a receiver knows a word is this call's without a flag:
+//   The dispatch's routing areas hold stamped words (LlWord: 4 bytes of data, the call's stamp above
+//   them, one 8-byte store each), so a receiver knows a word is this call's without a flag:
 //   manifests        LlWord [set][R source][T_max / 32]: word j, bit i: the source's token 32 j + i sends
 //                    me a message
 //   expert_counts    LlWord [set][R source][E_local]: how many of the source's tokens name each local expert
 //   headers          LlWord [set][R source][T_max][kLlHeaderWords]: the dedup message of source token t
-//   payloads         LlWord [set][R source][T_max][H / 2]: its row, BF16; or FP8 values then float scales
+//   payloads         lines [set][R source][T_max][ll_row_lines(2 H)], kLlLineBytes each: its row as lines
+//                    (below), BF16; or FP8, the float scale of group 7 i + j (j < 7) in word 1 of line
+//                    8 i + j's stamp vector (8 lines carry 896 FP8 columns: 7 scale groups)
 //   combine_rows     lines [set][S][T_max][ll_row_lines(2 H)], S = max(R, K_max), kLlLineBytes each:
 //                    row (r, t) is expert side r's partial sum (BF16) of my token t (local order), row
 //                    (k, t) the output of my token t's slot k (naive); every line carries its call's stamp
@@ -53,8 +55,8 @@ using LlWord = uint64_t;
 // consecutive calls.
 inline constexpr uint32_t ll_stamp(uint64_t seq) { return uint32_t(seq % 0xFFFFFFFFull) + 1u; }
 
-// The combine's rows travel as lines: 128 bytes, 7 vectors of 16 row bytes (vector v of line l holds row
-// bytes [112 l + 16 v, +16); zeros past the row) and a stamp vector (ll_stamp of the call in its first
+// The dispatch's payloads and the combine's rows travel as lines: 128 bytes, 7 vectors of 16 row bytes (vector v of
+// line l holds row bytes [112 l + 16 v, +16); zeros past the row) and a stamp vector (ll_stamp of the call in its first
 // word), the 8 vectors stored by 8 lanes of one warp in one store instruction. A reader that sees a
 // line's stamp takes the whole line: NVLink delivers a warp's 128-byte line whole (NCCL's LL128 rests on
 // the same; epx-bench's stamp probe counts torn lines in every run).
@@ -62,7 +64,8 @@ inline constexpr int kLlLineBytes = 128, kLlLineVectors = 8, kLlLineDataBytes = 
 inline constexpr int ll_row_lines(int row_bytes) { return (row_bytes + kLlLineDataBytes - 1) / kLlLineDataBytes; }
 // A manifest's words (a bit per token, 32 a word) for T_max tokens.
 inline constexpr int ll_manifest_words(int max_tokens) { return (max_tokens + 31) / 32; }
-// The bytes of a combine row of `hidden` BF16 columns as lines.
+// The bytes of a row of `hidden` BF16 columns as lines: a combine row, and a dispatch payload (an FP8
+// row, with its scales in the stamp vectors, takes about half).
 inline constexpr std::size_t ll_combine_row_bytes(int hidden) {
   return std::size_t(kLlLineBytes) * ll_row_lines(2 * hidden);
 }
@@ -91,7 +94,7 @@ struct LlHomeToken {
 struct LlAreas {
   int num_ranks = 0, max_tokens = 0, num_experts = 0;
   int combine_slots = 0;              // S = max(R, K_max)
-  std::size_t payload_bytes = 0;      // 4 H: a BF16 row as stamped words; an FP8 row and its scales fit too
+  std::size_t payload_bytes = 0;      // ll_combine_row_bytes(H): a BF16 row as lines; an FP8 row fits too
   std::size_t combine_row_bytes = 0;  // ll_combine_row_bytes(H)
 
   // Symmetric offsets.

@@ -24,7 +24,7 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
                          {a.manifests, 8 * core::kLlSets * R * ((T + 31) / 32)},
                          {a.expert_counts, 8 * core::kLlSets * R * E_local},
                          {a.headers, 8 * core::kLlHeaderWords * messages},
-                         {a.payloads, 4 * H * messages},
+                         {a.payloads, a.payload_bytes * messages},
                          {a.combine_rows, a.combine_row_bytes * core::kLlSets * combine_slots * T},
                          {a.symmetric_bytes, 0}};
   const Area own[] = {{a.blocks_done, 4 * core::kLlOps},
@@ -49,9 +49,10 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
     return broken;
   }
   if (std::string broken = check(own, sizeof(own) / sizeof(own[0]), "private"); !broken.empty()) return broken;
-  // A payload holds 4 bytes of row per 8-byte stamped word: a BF16 row, or an FP8 row and its scales.
-  if (a.payload_bytes < 2 * (2 * H) || a.payload_bytes < 2 * (H + 4 * (H / 128)))
-    return "a row (BF16, or FP8 and its scales) does not fit a payload as stamped words";
+  // Payloads and combine rows hold 112 row bytes per 128-byte line: a BF16 row (an FP8 row is half of
+  // one, its scales ride in the stamp vectors).
+  if (a.payload_bytes * core::kLlLineDataBytes < 2 * H * core::kLlLineBytes)
+    return "a BF16 row does not fit a payload as lines";
   if (a.combine_row_bytes * core::kLlLineDataBytes < 2 * H * core::kLlLineBytes)
     return "a BF16 row does not fit a combine row as lines";
   if (a.rows_per_expert() != int64_t(R * T)) return "rows_per_expert is not R * max_tokens_per_rank";

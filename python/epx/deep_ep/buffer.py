@@ -173,8 +173,8 @@ class Buffer:
     ) -> int:
         """num_rdma_bytes for low-latency calls of these shapes with any top-k epx takes (up to 16; DeepEP's
         hint has no top-k either). A bound, not an allocation: the LL buffer is made for the calls' top-k
-        (at least LL_DEFAULT_TOPK) within it: 48 MB for 128 tokens, hidden 7168, top-8 of 256 experts on
-        2 ranks, where the hint is 82 MB."""
+        (at least LL_DEFAULT_TOPK) within it: 42 MB for 128 tokens, hidden 7168, top-8 of 256 experts on
+        2 ranks, where the hint is 76 MB."""
         return LlBuffer.required_bytes(
             _int(num_ranks, "num_ranks"),
             max_tokens_per_rank=_int(num_max_dispatch_tokens_per_rank, "num_max_dispatch_tokens_per_rank"),

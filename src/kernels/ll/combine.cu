@@ -41,11 +41,10 @@ constexpr int kRowsInFlight = 4;                          // rows whose vectors 
 
 using core::LlHomeToken;
 
-// Lane i's place in item g of a row: in store (or load) instruction j, vector i % 8 of line
-// 8 g + 4 j + i / 8; a data vector v < 7 of line l holds columns 56 l + 8 v .. + 7.
-__device__ int item_line(int g, int j) { return kLinesPerItem * g + 4 * j + int(threadIdx.x % kWarp) / 8; }
-__device__ int lane_vector() { return int(threadIdx.x % kWarp) % core::kLlLineVectors; }
-__device__ int line_col(int line) { return kColsPerLine * line + kColsPerVector * lane_vector(); }
+// Item g of a row is line instructions 2 g and 2 g + 1 (protocol.cuh: lane i holds vector i % 8 of
+// line 8 g + 4 j + i / 8 in instruction j); a data vector v < 7 of line l holds columns 56 l + 8 v .. + 7.
+__device__ int item_line(int g, int j) { return instruction_line(2 * g + j); }
+__device__ int line_col(int line) { return kColsPerLine * line + kColsPerVector * line_vector(); }
 
 __device__ float bf16_at(const uint4& x, int i) {
   const uint32_t w = (&x.x)[i / 2];
@@ -69,20 +68,19 @@ __device__ uint4 to_bf16(const float (&acc)[kColsPerVector]) {
 __device__ int row_lines(const CombineParams& p) { return core::ll_row_lines(2 * p.hidden); }
 __device__ int row_items(const CombineParams& p) { return (row_lines(p) + kLinesPerItem - 1) / kLinesPerItem; }
 
-// This lane's share of one item of `row` (its two store instructions; `line` and `col` as item_line and
-// line_col give them): a data vector (zeros past the row), or the stamp vector on lanes 8 m + 7.
-__device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, const int (&line)[2],
-                           const int (&col)[2], const uint4 (&data)[2]) {
-  const int lines = row_lines(p), vector = lane_vector();
-  __syncwarp();  // a line's 8 vectors in one store instruction (see the protocol)
+// This lane's share of item g of `row` (`col` as line_col gives it): a data vector (zeros past the
+// row), or the stamp vector on lanes 8 m + 7.
+__device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, int g, const int (&col)[2],
+                           const uint4 (&data)[2]) {
+  const int vector = line_vector();
+  uint4 x[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    if (line[j] >= lines) continue;
-    const uint4 x = vector == kDataVectors ? make_uint4(stamp, 0u, 0u, 0u)
-                    : col[j] < p.hidden    ? data[j]
-                                           : make_uint4(0u, 0u, 0u, 0u);
-    store_vector(row + line[j] * core::kLlLineVectors + vector, x);
+    x[j] = vector == kDataVectors ? make_uint4(stamp, 0u, 0u, 0u)
+           : col[j] < p.hidden    ? data[j]
+                                  : make_uint4(0u, 0u, 0u, 0u);
   }
+  store_lines(row, 2 * g, row_lines(p), x);
 }
 
 // One warp, part `part` of `parts` of message (s, t): its lines of the message's rows back to the home
@@ -98,14 +96,12 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
   const bool home_masked = is_masked(v, s);     // loaded with the record, not after it
   if (slots == 0u || home_masked) return true;  // no message from (s, t) in that dispatch, or s is masked
   if (!ensure_set_free(v, core::kLlCombine, p.set, cseq, free)) return false;
-  const int items = row_items(p), vector = lane_vector();
+  const int items = row_items(p), vector = line_vector();
   for (int g = part; g < items; g += parts) {
-    int line[2], col[2];
+    int col[2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      line[j] = item_line(g, j);
-      col[j] = vector < kDataVectors ? line_col(line[j]) : p.hidden;  // the stamp lane loads nothing
-    }
+    for (int j = 0; j < 2; ++j)
+      col[j] = vector < kDataVectors ? line_col(item_line(g, j)) : p.hidden;  // the stamp lane loads nothing
     if (p.naive) {
       for (uint32_t rest = slots; rest != 0u; rest &= rest - 1u) {
         const int slot = __ffs(rest) - 1;
@@ -115,7 +111,7 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
         for (int j = 0; j < 2; ++j) {
           if (col[j] < p.hidden) data[j] = *reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j]);
         }
-        store_item(p, v.combine_row(s, p.set, slot, t), stamp, line, col, data);
+        store_item(p, v.combine_row(s, p.set, slot, t), stamp, g, col, data);
       }
       continue;
     }
@@ -147,7 +143,7 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
       }
     }
     const uint4 sums[2] = {to_bf16(acc[0]), to_bf16(acc[1])};
-    store_item(p, v.combine_row(s, p.set, me, t), stamp, line, col, sums);
+    store_item(p, v.combine_row(s, p.set, me, t), stamp, g, col, sums);
   }
   return true;
 }
@@ -167,35 +163,6 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
 }
 
 // ---- Receive ----
-
-// One row's vectors of item g for this lane (both instructions); returns on every lane whether the warp
-// has all of the item's lines of that row (each line's stamp is in the vector of its lane 8 m + 7).
-__device__ bool load_item(const uint4* row, int g, int lines, uint32_t stamp, uint4 (&x)[2]) {
-  const int lane = threadIdx.x % kWarp;
-  bool here = true;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int line = item_line(g, j);
-    if (line < lines) x[j] = load_vector(row + line * core::kLlLineVectors + lane_vector());
-    const uint32_t line_stamp = __shfl_sync(~0u, x[j].x, lane | (core::kLlLineVectors - 1));
-    here = here && (line >= lines || line_stamp == stamp);
-  }
-  return __all_sync(~0u, here);
-}
-
-// For a wait's report (the whole warp): the stamp of the first of the item's lines in `x` (load_item)
-// that does not carry `stamp`, or `stamp` if none.
-__device__ uint32_t first_missing_stamp(int g, int lines, uint32_t stamp, const uint4 (&x)[2]) {
-  const int lane = threadIdx.x % kWarp;
-  uint32_t seen = stamp;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const uint32_t line_stamp = __shfl_sync(~0u, x[j].x, lane | (core::kLlLineVectors - 1));
-    const uint32_t missing = __ballot_sync(~0u, item_line(g, j) < lines && line_stamp != stamp);
-    if (missing != 0u && seen == stamp) seen = __shfl_sync(~0u, line_stamp, __ffs(missing) - 1);
-  }
-  return seen;
-}
 
 // One warp: item g of out[t]. `masked`: the CTA's view of the mask when the step started. Returns false
 // when the team failed.
@@ -227,7 +194,8 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         }
         if (masked[rank[b]]) rank[b] = -1;
       }
-      here[b] = rank[b] < 0 || load_item(v.combine_row(me, p.set, max(slot[b], 0), t), g, lines, stamp, in[b]);
+      here[b] = rank[b] < 0 ||
+                load_lines(v.combine_row(me, p.set, max(slot[b], 0), t), 2 * g, 2 * g + 2, lines, stamp, in[b]);
     }
 #pragma unroll
     for (int b = 0; b < kRowsInFlight; ++b) {
@@ -235,8 +203,8 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
       if (!here[b]) {
         const uint4* row = v.combine_row(me, p.set, slot[b], t);
         const PeerWait got = wait_for_words<true>(
-            v, rank[b], stamp, [&] { return load_item(row, g, lines, stamp, in[b]); },
-            [&] { return core::stamped(first_missing_stamp(g, lines, stamp, in[b]), 0u); },
+            v, rank[b], stamp, [&] { return load_lines(row, 2 * g, 2 * g + 2, lines, stamp, in[b]); },
+            [&] { return core::stamped(first_missing_stamp(in[b], 2 * g, 2 * g + 2, lines, stamp), 0u); },
             transport::WaitSite{transport::WaitPhase::ll_combine_recv, rank[b], uint32_t(t)});
         if (got == PeerWait::failed) return false;
         if (got == PeerWait::masked) continue;  // masked while this warp waited: left out
@@ -252,7 +220,7 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
       }
     }
   }
-  const int vector = lane_vector();
+  const int vector = line_vector();
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int col = line_col(item_line(g, j));

@@ -2,30 +2,34 @@
 // destination's receive area; each receiver then expands the messages into the caller's packed layout.
 //
 // Protocol, for buffer set `set` (areas of core::LlAreas; the sequence number seq and the "set is free"
-// wait as in protocol.cuh). Everything a source writes into a destination's areas travels as stamped
-// words (core::LlWord, stamp = ll_stamp(seq)), so a receiver takes each word once it carries this
-// call's stamp: there is no "ready" flag, no fence and no count before the receive can start.
+// wait as in protocol.cuh). Everything a source writes into a destination's areas carries the call's
+// stamp ll_stamp(seq): the routing as stamped words (core::LlWord), the payloads as lines
+// (core::kLlLineBytes, a warp's store instruction writing 4 whole lines), so a receiver takes each word
+// or line once it carries this call's stamp: there is no "ready" flag, no fence and no count before the
+// receive can start.
 //   Send (rank me). Every CTA first stages my top-k table in shared memory (int16, -1 for none, an
 //   invalid id or an expert of a masked rank; CTA 0 records the first invalid id). A warp waits until the
 //   peers have freed the set before its first remote store.
 //     * Counts and manifests (the last CTA, before its columns): expert_counts(r, set, me) = my tokens
 //       per local expert of r; manifest(r, set, me) word j, bit i: my token 32 j + i sends r a
 //       message (every word, for every rank r not masked).
-//     * Columns (a warp per token t and 512 columns): payload(r, set, me, t) = the row (BF16, or FP8
-//       cast once here, then its float scales) for every destination rank r of t. The warp of the
-//       first columns also writes header(r, set, me, t): slots, unique_slots, and per slot the expert,
-//       weight and block_row (how many of my tokens before t name that expert: t's place among them),
-//       and home(set, t) (t's destination ranks ascending and valid slots, for combine).
-//     All of them plain 8-byte (or two-word 16-byte) volatile stores over NVLink, in no order.
+//     * Columns (a warp per token t and 8 lines of its row): payload(r, set, me, t) = the row as lines
+//       (BF16, or FP8 cast once here with its group scales in the stamp vectors) for every destination
+//       rank r of t. The warp of the first lines also writes header(r, set, me, t): slots,
+//       unique_slots, and per slot the expert, weight and block_row (how many of my tokens before t
+//       name that expert: t's place among them), and home(set, t) (t's destination ranks ascending and
+//       valid slots, for combine).
+//     All of them plain volatile stores over NVLink (8-byte words, 16-byte line vectors), in no order.
 //   Receive (rank me). A source masked when the step starts (the CTA's view; a masked source counts as
 //   having sent nothing, see protocol.cuh) is not read. Warps take (message, part of its payload) work
 //   items. Message (s, t): the warp waits for manifest word t / 32 of s; if t's bit is clear, t sent me
 //   nothing. Else it waits for the header's words, and for the counts expert_counts(me, set, s')[e] of
 //   each of its slots' experts e and every unmasked s' < s: expert e's rows are source ranks ascending,
 //   tokens ascending, so the message goes to row begin(e, s) + block_row of every unique slot naming e,
-//   begin(e, s) being the sum of those counts. Then it waits for the payload words of its part, and
-//   stores the part into every row; src_idx too. The part's loads (manifest word, header, first payload
-//   words, scales) all go out before the first wait: a word loaded early vouches for itself as well.
+//   begin(e, s) being the sum of those counts. Then it waits for the payload lines of its part, and
+//   stores the part into every row (FP8: the scales too); src_idx too. The part's loads (manifest word,
+//   header, first payload lines) all go out before the first wait: a word or line loaded early vouches
+//   for itself as well.
 //   CTA 0 writes layout_range, recv_count and the statistics (waiting for every source's counts). What
 //   combine needs of each message (slots, each slot's packed row and weight; slots 0 for a token that
 //   sent nothing) is kept in private memory, so the set is not read after this step. Then the last CTA
@@ -48,16 +52,15 @@ namespace {
 constexpr int kThreads = 512;
 static_assert(kThreads >= kMaxNvlinkRanks, "send() loads one rank's mask per thread");
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kColsPerItem = 512;  // a send work item: 512 columns of one token
-constexpr int kGroup = 128;        // columns per FP8 scale
-constexpr int kPieceBytes = 8;     // row bytes in one stamped store of two words (16 bytes)
-constexpr int kPieceBatch = 8;     // pieces each receiving lane loads before it stores
-// The send's lane mapping. Stamped words double the bytes, and NVLink wants every store instruction of
-// a warp to cover whole 32-byte sectors: so store j of lane i carries row bytes [256 j + 8 i, +8) of the
-// item (a warp's store: 512 contiguous bytes), and the lane loads just the columns those bytes hold.
-constexpr int kBf16Pieces = kColsPerItem * 2 / (kWarp * kPieceBytes);  // 4: columns 128 j + 4 i, 4 each
-constexpr int kFp8Pieces = kColsPerItem / (kWarp * kPieceBytes);       // 2: columns 256 j + 8 i, 8 each
-constexpr int kFp8LanesPerGroup = kGroup / kPieceBytes;                // 16 lanes share a scale group
+// A send work item: 8 lines of one token's row, line instructions 2 g and 2 g + 1 (protocol.cuh): lane
+// i holds vector i % 8 of line 8 g + 4 j + i / 8 in instruction j; data vector v < 7 of line l holds
+// row bytes [112 l + 16 v, +16).
+constexpr int kLinesPerItem = 8;
+constexpr int kDataVectors = core::kLlLineVectors - 1;                        // vector 7 of a line is its stamp vector
+constexpr int kGroup = 128;                                                   // columns per FP8 scale
+constexpr int kItemGroups = kLinesPerItem * core::kLlLineDataBytes / kGroup;  // FP8: 7 groups an item
+static_assert(kItemGroups * kGroup == kLinesPerItem * core::kLlLineDataBytes, "an item holds whole FP8 groups");
+constexpr int kLineBatch = 4;  // line instructions (16 lines) each receiving warp loads before it stores
 constexpr float kAmaxFloor = 1e-4f;
 constexpr float kE4m3Max = 448.0f;
 
@@ -100,20 +103,20 @@ __device__ void unpack_bf16(const uint4& v, float* out) {
   }
 }
 
-// This lane's 8 columns (16 bytes of BF16) as FP8 (8 bytes) and their group's scale; the 16 lanes of a
-// half-warp form one group, and all lanes take part.
-__device__ uint2 cast_to_fp8(const uint4& raw, bool round_scale, float* scale_out) {
+// The largest magnitude of 8 BF16 columns (a NaN counts as 0, as fmaxf has it).
+__device__ float amax_of(const uint4& raw) {
   float f[8];
   unpack_bf16(raw, f);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[i]));
-#pragma unroll
-  for (int offset = kFp8LanesPerGroup / 2; offset > 0; offset /= 2) {
-    amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, offset));
-  }
-  const float scale = fp8_scale(amax, round_scale);
-  const float inv = 1.0f / scale;
+  return amax;
+}
+
+// 8 BF16 columns as FP8 E4M3 (8 bytes), multiplied by inv = 1 / scale.
+__device__ uint2 to_fp8(const uint4& raw, float inv) {
+  float f[8];
+  unpack_bf16(raw, f);
   uint32_t words[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -125,7 +128,6 @@ __device__ uint2 cast_to_fp8(const uint4& raw, bool round_scale, float* scale_ou
     }
     words[i] = word;
   }
-  *scale_out = scale;
   return make_uint2(words[0], words[1]);
 }
 
@@ -215,74 +217,90 @@ __device__ void write_routing(const DispatchParams& p, const int16_t* experts, u
   }
 }
 
-// A send item's columns as they go on the wire (the lane mapping above): BF16 pieces, or FP8 pieces
-// (the first kFp8Pieces) and their groups' scales.
-struct ItemColumns {
-  uint2 piece[kBf16Pieces];
-  float scale[kFp8Pieces];
-};
+// The call's rows as lines: FP8 H bytes, or BF16 2 H; send items of kLinesPerItem lines.
+__device__ int row_bytes(const DispatchParams& p) { return p.fp8 ? p.hidden : 2 * p.hidden; }
+__device__ int row_lines(const DispatchParams& p) { return core::ll_row_lines(row_bytes(p)); }
+__device__ int row_items(const DispatchParams& p) { return (row_lines(p) + kLinesPerItem - 1) / kLinesPerItem; }
+// The row byte of this lane's data vector in line `line`.
+__device__ int line_byte(int line) { return core::kLlLineDataBytes * line + 16 * line_vector(); }
 
-// One warp: loads (and for FP8 casts) the 512 columns of token t's item `chunk`. Needs no routing, so
-// a warp does it for its first item before the top-k table is staged.
-__device__ ItemColumns load_columns(const DispatchParams& p, int t, int chunk) {
-  const int lane = threadIdx.x % kWarp;
-  const int base = chunk * kColsPerItem;
+// One warp: this lane's vectors of item g of token t's row as they go on the wire (the stamp vectors
+// included). FP8: the lanes of a group reduce its amax in shared memory (a group spans lanes of both
+// instructions), and line 8 g + j's stamp vector carries group 7 g + j's scale (j < 7). Needs no
+// routing, so a warp does it for its first item before the top-k table is staged.
+__device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g, uint4 (&x)[2]) {
+  const int vector = line_vector(), bytes = row_bytes(p);
   const uint16_t* row = p.x + t * p.x_row_stride;
-  ItemColumns c{};
-  // H % 128 == 0: a piece's columns (and an FP8 scale group) are all in the row or all past its end.
-  if (p.fp8) {
-    uint4 wide[kFp8Pieces] = {};
+  int line[2], byte[2];
 #pragma unroll
-    for (int j = 0; j < kFp8Pieces; ++j) {
-      const int col = base + 256 * j + 8 * lane;
-      if (col < p.hidden) wide[j] = *reinterpret_cast<const uint4*>(row + col);
+  for (int j = 0; j < 2; ++j) {
+    line[j] = instruction_line(2 * g + j);
+    byte[j] = vector < kDataVectors ? line_byte(line[j]) : bytes;  // the stamp lane loads nothing
+  }
+  if (!p.fp8) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      x[j] = vector == kDataVectors ? make_uint4(stamp, 0u, 0u, 0u)
+             : byte[j] < bytes      ? *reinterpret_cast<const uint4*>(row + byte[j] / 2)
+                                    : make_uint4(0u, 0u, 0u, 0u);
     }
+    return;
+  }
+  // FP8: this lane's 16 columns (byte = column) as two vectors of 8 BF16 columns each.
+  __shared__ uint32_t group_amax[kWarps][kItemGroups];  // float bits (>= 0: they order as the floats)
+  uint32_t* amax = group_amax[threadIdx.x / kWarp];
+  uint4 raw[2][2] = {};
 #pragma unroll
-    for (int j = 0; j < kFp8Pieces; ++j) c.piece[j] = cast_to_fp8(wide[j], p.round_scale, &c.scale[j]);
-  } else {
+  for (int j = 0; j < 2; ++j) {
+    if (byte[j] >= bytes) continue;
+    raw[j][0] = *reinterpret_cast<const uint4*>(row + byte[j]);
+    raw[j][1] = *reinterpret_cast<const uint4*>(row + byte[j] + 8);
+  }
+  const int lane = threadIdx.x % kWarp, item_byte = kLinesPerItem * core::kLlLineDataBytes * g;
+  if (lane < kItemGroups) amax[lane] = 0u;
+  __syncwarp();
 #pragma unroll
-    for (int j = 0; j < kBf16Pieces; ++j) {
-      const int col = base + 128 * j + 4 * lane;
-      if (col < p.hidden) c.piece[j] = *reinterpret_cast<const uint2*>(row + col);
+  for (int j = 0; j < 2; ++j) {
+    if (byte[j] < bytes)
+      atomicMax(&amax[(byte[j] - item_byte) / kGroup], __float_as_uint(fmaxf(amax_of(raw[j][0]), amax_of(raw[j][1]))));
+  }
+  __syncwarp();
+  const int groups = p.hidden / kGroup;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if (vector == kDataVectors) {
+      const int k = line[j] % kLinesPerItem, group = kItemGroups * g + k;
+      const bool carries = k < kItemGroups && group < groups;
+      const float scale = carries ? fp8_scale(__uint_as_float(amax[k]), p.round_scale) : 0.0f;
+      x[j] = make_uint4(stamp, __float_as_uint(scale), 0u, 0u);
+    } else if (byte[j] < bytes) {
+      const float scale = fp8_scale(__uint_as_float(amax[(byte[j] - item_byte) / kGroup]), p.round_scale);
+      const float inv = 1.0f / scale;
+      const uint2 lo = to_fp8(raw[j][0], inv), hi = to_fp8(raw[j][1], inv);
+      x[j] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    } else {
+      x[j] = make_uint4(0u, 0u, 0u, 0u);
     }
   }
-  return c;
+  __syncwarp();  // every lane has read the amax before the warp's next item resets it
 }
 
-// One warp: item `chunk` of token t (its columns `c`) to every destination rank. Returns false when
-// the team failed.
-__device__ bool send_columns(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int chunk,
-                             const ItemColumns& c, bool& free) {
-  const uint32_t stamp = core::ll_stamp(seq);
+// One warp: item g of token t (its vectors `x`, load_item) to every destination rank. Returns false
+// when the team failed.
+__device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int g,
+                          const uint4 (&x)[2], bool& free) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp;
-  const int base = chunk * kColsPerItem;
   const int64_t expert = lane < p.topk ? experts[t * p.topk + lane] : -1;
   const int rank = expert >= 0 ? int(expert / v.experts_per_rank()) : -1;
   const uint32_t same_rank = __match_any_sync(~0u, rank);
   const uint32_t leaders = __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1);
   if (!ensure_set_free(v, core::kLlDispatch, p.set, seq, free)) return false;
-  if (chunk == 0) write_routing(p, experts, stamp, t, expert, rank, leaders);
+  if (g == 0) write_routing(p, experts, core::ll_stamp(seq), t, expert, rank, leaders);
+  const int lines = row_lines(p);
   for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
-    LlWord* words = v.payload(dest, p.set, v.team.rank, t);  // word i: bytes [4 i, 4 i + 4) of the row
-    if (p.fp8) {
-#pragma unroll
-      for (int j = 0; j < kFp8Pieces; ++j) {
-        const int col = base + 256 * j + 8 * lane;  // FP8: byte = column
-        if (col >= p.hidden) continue;
-        store_words(words + col / 4, core::stamped(stamp, c.piece[j].x), core::stamped(stamp, c.piece[j].y));
-        if (lane % kFp8LanesPerGroup == 0)
-          store_word(words + p.hidden / 4 + col / kGroup, core::stamped(stamp, __float_as_uint(c.scale[j])));
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kBf16Pieces; ++j) {
-        const int col = base + 128 * j + 4 * lane;  // BF16: byte = 2 column
-        if (col < p.hidden)
-          store_words(words + col / 2, core::stamped(stamp, c.piece[j].x), core::stamped(stamp, c.piece[j].y));
-      }
-    }
+    store_lines(v.payload(dest, p.set, v.team.rank, t), 2 * g, lines, x);
   }
   return true;
 }
@@ -340,13 +358,15 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
   int32_t* counts =
       reinterpret_cast<int32_t*>(reinterpret_cast<char*>(send_shared) + experts_table_bytes(p.num_tokens, p.topk));
   const LlView& v = p.v;
-  // Column items (token, chunk); with the default grid every warp has at most one. A warp's first item
-  // is loaded (and cast) before the table is staged: it needs no routing. (Routing items of their own,
-  // ahead of the columns, were measured: BF16 2.2 us faster, FP8 0.9 us slower; not kept.)
-  const int T = p.num_tokens, chunks = (p.hidden + kColsPerItem - 1) / kColsPerItem;
-  const int items = T * chunks, warps = gridDim.x * kWarps;
+  // Items (token, 8 lines of its row); with the default grid every warp has at most one or two. A
+  // warp's first item is loaded (and cast) before the table is staged: it needs no routing. (Routing
+  // items of their own, ahead of the columns, were measured: BF16 2.2 us faster, FP8 0.9 us slower; not
+  // kept.)
+  const uint32_t stamp = core::ll_stamp(seq);
+  const int per_row = row_items(p), items = p.num_tokens * per_row, warps = gridDim.x * kWarps;
   const int first_item = blockIdx.x * kWarps + threadIdx.x / kWarp;
-  ItemColumns columns = first_item < items ? load_columns(p, first_item / chunks, first_item % chunks) : ItemColumns{};
+  uint4 vectors[2] = {};
+  if (first_item < items) load_item(p, stamp, first_item / per_row, first_item % per_row, vectors);
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
   // become -1 in a second pass (only when a rank is masked). The mask is loaded first, so that its
   // latency hides behind the table's (kThreads >= kMaxNvlinkRanks: one rank per thread).
@@ -368,9 +388,9 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
   bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
   if (counting && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_counts_sent>(v.team);
   for (int i = first_item; ok && i < items; i += warps) {
-    const int t = i / chunks, chunk = i % chunks;
-    if (i != first_item) columns = load_columns(p, t, chunk);
-    ok = send_columns(p, experts, seq, t, chunk, columns, free);
+    const int t = i / per_row, g = i % per_row;
+    if (i != first_item) load_item(p, stamp, t, g, vectors);
+    ok = send_item(p, experts, seq, t, g, vectors, free);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
 }
@@ -467,69 +487,44 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   return m;
 }
 
-// A lane's share of a batch of payload pieces. Piece u of a row: row bytes [8 u, 8 u + 8), stamped words
-// 2 u and 2 u + 1 (one 16-byte load; a warp's load covers 512 contiguous bytes, as the send's stores do).
-// Batch pieces base + 32 b + lane, b < kPieceBatch, below `last`.
-struct PieceBatch {
-  uint2 data[kPieceBatch];
-  uint32_t missing;  // bit b: piece b has not arrived (yet)
-};
-
-// Loads the batch's pieces (all of them, or only the missing ones); returns whether all have arrived.
-__device__ bool load_pieces(const LlWord* payload, uint32_t stamp, int base, int last, bool only_missing,
-                            PieceBatch& batch) {
-  const int lane = threadIdx.x % kWarp;
-#pragma unroll
-  for (int b = 0; b < kPieceBatch; ++b) {
-    const int u = base + b * kWarp + lane;
-    if (u >= last || (only_missing && ((batch.missing >> b) & 1u) == 0u)) continue;
-    const ulonglong2 w = load_words(payload + 2 * u);
-    const bool here = core::stamped_in(w.x, stamp) && core::stamped_in(w.y, stamp);
-    batch.data[b] = make_uint2(core::stamped_value(w.x), core::stamped_value(w.y));
-    batch.missing = here ? batch.missing & ~(1u << b) : batch.missing | (1u << b);
+// This lane's vector x of payload line `line` into the packed output row `row` (every lane of the warp
+// calls it with the same row): a data vector to its row bytes; FP8, the scale a stamp vector carries
+// (word 1, group 7 i + j of line 8 i + j, j < 7) to the scales output (UE8M0: its exponent byte).
+__device__ void store_line_vector(const DispatchParams& p, int32_t row, int line, const uint4& x) {
+  const int vector = line_vector(), bytes = row_bytes(p);
+  if (vector < kDataVectors) {
+    const int byte = line_byte(line);
+    if (byte < bytes) *reinterpret_cast<uint4*>(static_cast<char*>(p.out_x) + int64_t(row) * bytes + byte) = x;
+    return;
   }
-  return batch.missing == 0u;
+  const int k = line % kLinesPerItem, group = kItemGroups * (line / kLinesPerItem) + k;
+  if (!p.fp8 || k >= kItemGroups || group >= p.hidden / kGroup) return;
+  const LlScalesLayout& l = p.scales_layout;
+  const int64_t C = p.v.rows_per_expert(), e = row / C, i = row % C;
+  uint32_t* at = static_cast<uint32_t*>(p.out_scales) + e * l.expert_stride + i * l.row_stride;
+  if (p.ue8m0) {  // word group / 4 holds the exponents of groups 4 w .. 4 w + 3, group 4 w + b in byte b
+    reinterpret_cast<uint8_t*>(at + (group / 4) * l.col_stride)[group % 4] = uint8_t(x.y >> 23);
+  } else {
+    at[group * l.col_stride] = x.y;
+  }
 }
 
-// The scale words a lane handles in the last part of an FP8 message: UE8M0, words 4 lane + b (one
-// output word of four exponents); else words lane + 32 b (one output word each). kScaleWords covers
-// kLlMaxHidden / 128 groups.
-constexpr int kScaleWords = 4;
-static_assert(core::kLlMaxHidden / kGroup <= kScaleWords * kWarp, "a lane's scale words cover every group");
-__device__ int scale_word(bool ue8m0, int b) {
-  const int lane = threadIdx.x % kWarp;
-  return ue8m0 ? 4 * lane + b : lane + kWarp * b;
-}
-
-// One warp, part `part` of `parts` of message (s, t). Every load of the part goes out before any wait:
-// the manifest word, the header, the first batch of its payload pieces and (last part of an FP8
-// message) the scales; a stamped word vouches for itself, so one loaded before the manifest bit was
-// seen is as good as one loaded after. What had not arrived is then polled, in the protocol's order.
-// Part 0 records the message for combine (message_slots, entry_rows, entry_weights) and src_idx; every
-// part copies its share of the pieces into every row the message expands to, and the last part of an
-// FP8 message the scales. Returns false when the team failed.
+// One warp, part `part` of `parts` of message (s, t): a run of its payload's line instructions. Every
+// load of the part goes out before any wait: the manifest word, the header and the first batch of its
+// lines; a stamped word or line vouches for itself, so one loaded before the manifest bit was seen is
+// as good as one loaded after. What had not arrived is then polled, in the protocol's order. Part 0
+// records the message for combine (message_slots, entry_rows, entry_weights) and src_idx; every part
+// copies its lines into every row the message expands to. Returns false when the team failed.
 __device__ bool receive_message(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t, int part,
                                 int parts) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
-  const LlWord* payload = v.payload(me, p.set, s, t);
-  const int row_bytes = p.fp8 ? p.hidden : 2 * p.hidden;
-  const int pieces = row_bytes / kPieceBytes;
-  const int per_part = (pieces + parts - 1) / parts;
-  const int first = part * per_part, last = min(pieces, first + per_part);
-  PieceBatch batch{{}, 0u};
-  load_pieces(payload, stamp, first, last, false, batch);
-  const bool scales_here = p.fp8 && part == parts - 1;
-  const LlWord* scales = payload + p.hidden / 4;  // scale g: word g
-  const int groups = p.hidden / kGroup;
-  LlWord scale[kScaleWords] = {};
-  if (scales_here) {
-#pragma unroll
-    for (int b = 0; b < kScaleWords; ++b) {
-      const int w = scale_word(p.ue8m0, b);
-      if (w < groups) scale[b] = load_word(scales + w);
-    }
-  }
+  const uint4* payload = v.payload(me, p.set, s, t);
+  const int lines = row_lines(p), instructions = (lines + 3) / 4;
+  const int per_part = (instructions + parts - 1) / parts;
+  const int first = part * per_part, end = min(instructions, first + per_part);
+  uint4 x[kLineBatch] = {};
+  bool here = load_lines(payload, first, min(end, first + kLineBatch), lines, stamp, x);
   bool failed = false;
   const MessageRows m = message_rows(p, masked, stamp, s, t, failed);
   if (failed) return false;
@@ -543,56 +538,24 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
     }
   }
   if (m.slots == 0u) return true;
-  char* out = static_cast<char*>(p.out_x);
-  for (int base = first; base < last; base += kWarp * kPieceBatch) {
-    if (base != first) load_pieces(payload, stamp, base, last, false, batch);
+  for (int base = first; base < end; base += kLineBatch) {
+    const int batch_end = min(end, base + kLineBatch);
+    if (base != first) here = load_lines(payload, base, batch_end, lines, stamp, x);
     const PeerWait got =
-        batch.missing == 0u
-            ? PeerWait::arrived
-            : wait_for_words(
-                  v, s, stamp, [&] { return load_pieces(payload, stamp, base, last, true, batch); },
-                  [&] { return load_word(payload + 2 * (base + (__ffs(batch.missing) - 1) * kWarp + lane)); },
-                  transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
-    if (__any_sync(~0u, got == PeerWait::failed)) return false;
-    if (!__all_sync(~0u, got == PeerWait::arrived)) return true;  // s got masked: its rows stay unwritten
+        here ? PeerWait::arrived
+             : wait_for_words<true>(
+                   v, s, stamp, [&] { return load_lines(payload, base, batch_end, lines, stamp, x); },
+                   [&] { return core::stamped(first_missing_stamp(x, base, batch_end, lines, stamp), 0u); },
+                   transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
+    if (got == PeerWait::failed) return false;
+    if (got == PeerWait::masked) return true;  // s got masked: its rows stay unwritten
     for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
-      uint2* row = reinterpret_cast<uint2*>(out + int64_t(__shfl_sync(~0u, m.row, __ffs(rest) - 1)) * row_bytes);
+      const int32_t row = __shfl_sync(~0u, m.row, __ffs(rest) - 1);
 #pragma unroll
-      for (int b = 0; b < kPieceBatch; ++b) {
-        const int u = base + b * kWarp + lane;
-        if (u < last) row[u] = batch.data[b];
+      for (int b = 0; b < kLineBatch; ++b) {
+        const int line = instruction_line(base + b);
+        if (base + b < batch_end && line < lines) store_line_vector(p, row, line, x[b]);
       }
-    }
-  }
-  if (!scales_here) return true;
-  PeerWait got = PeerWait::arrived;
-#pragma unroll
-  for (int b = 0; b < kScaleWords; ++b) {
-    const int w = scale_word(p.ue8m0, b);
-    if (w < groups && got == PeerWait::arrived) got = settle_word(v, s, stamp, scales + w, scale[b], t);
-  }
-  if (__any_sync(~0u, got == PeerWait::failed)) return false;
-  if (!__all_sync(~0u, got == PeerWait::arrived)) return true;
-  // Output words: UE8M0, word lane (the four exponents of its words); else word lane + 32 b.
-  const LlScalesLayout& l = p.scales_layout;
-  const int64_t C = v.rows_per_expert();
-  const int out_words = p.ue8m0 ? groups / 4 : groups;
-  uint32_t value[kScaleWords];
-#pragma unroll
-  for (int b = 0; b < kScaleWords; ++b) value[b] = core::stamped_value(scale[b]);
-  if (p.ue8m0) {
-    value[0] = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) value[0] |= ((core::stamped_value(scale[b]) >> 23) & 0xFFu) << (8 * b);
-  }
-  for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
-    const int64_t row = __shfl_sync(~0u, m.row, __ffs(rest) - 1);
-    const int64_t e = row / C, i = row % C;
-    uint32_t* at = static_cast<uint32_t*>(p.out_scales) + e * l.expert_stride + i * l.row_stride;
-#pragma unroll
-    for (int b = 0; b < kScaleWords; ++b) {
-      const int w = p.ue8m0 ? (b == 0 ? lane : out_words) : lane + kWarp * b;
-      if (w < out_words) at[w * l.col_stride] = value[b];
     }
   }
   return true;

@@ -52,16 +52,16 @@ struct LlView {
   __device__ core::LlWord* header(int owner, int set, int src, int t) const {
     return reinterpret_cast<core::LlWord*>(base.base[owner] + headers) + message(set, src, t) * core::kLlHeaderWords;
   }
-  // The payload of (set, src, t) at owner: stamped word i holds bytes [4 i, 4 i + 4) of the row.
-  __device__ core::LlWord* payload(int owner, int set, int src, int t) const {
-    return reinterpret_cast<core::LlWord*>(base.base[owner] + payloads) + message(set, src, t) * int64_t(hidden) / 2;
+  // Line l of a payload or a combine row is vectors [8 l, 8 l + 8) (core::kLlLineBytes); both are as
+  // long as a BF16 row of the buffer's hidden needs (a call's are its first lines).
+  __device__ int64_t row_vectors() const { return int64_t(core::ll_row_lines(2 * hidden)) * core::kLlLineVectors; }
+  // The payload of (set, src, t) at owner.
+  __device__ uint4* payload(int owner, int set, int src, int t) const {
+    return reinterpret_cast<uint4*>(base.base[owner] + payloads) + message(set, src, t) * row_vectors();
   }
-  // Line l of a combine row is vectors [8 l, 8 l + 8) (core::kLlLineBytes); rows are as long as the
-  // buffer's hidden needs (a call's may be smaller: its lines are the first ll_row_lines(2 H_call)).
-  __device__ int combine_row_lines() const { return core::ll_row_lines(2 * hidden); }
   __device__ uint4* combine_row(int owner, int set, int slot, int t) const {
     return reinterpret_cast<uint4*>(base.base[owner] + combine_rows) +
-           ((int64_t(set) * combine_slots + slot) * max_tokens + t) * combine_row_lines() * core::kLlLineVectors;
+           ((int64_t(set) * combine_slots + slot) * max_tokens + t) * row_vectors();
   }
   // The private CTA counter of op's receive step (last_cta_records_freed).
   __device__ uint32_t* blocks_done_of(int op) const { return reinterpret_cast<uint32_t*>(own + blocks_done) + op; }

@@ -111,6 +111,59 @@ __device__ __forceinline__ uint4 load_vector(const uint4* p) {
   return a;
 }
 
+// A warp moves lines in line instructions of 4 lines: lane i holds vector i % 8 of line 4 k + i / 8 of
+// instruction k (vector 7 is the stamp vector, its first word the stamp), so one store instruction
+// writes 4 whole lines.
+__device__ __forceinline__ int line_vector() { return int(threadIdx.x % kWarp) % core::kLlLineVectors; }
+__device__ __forceinline__ int instruction_line(int k) { return 4 * k + int(threadIdx.x % kWarp) / 8; }
+// The stamp of the line whose vector this lane holds in x (the whole warp calls it).
+__device__ __forceinline__ uint32_t line_stamp(const uint4& x) {
+  return __shfl_sync(~0u, x.x, int(threadIdx.x % kWarp) | (core::kLlLineVectors - 1));
+}
+
+// Stores this lane's vectors x[b] of instructions first + b (those whose line is below `lines`) into
+// `row`; the caller has put each line's stamp vector in x on lanes 8 m + 7.
+template <int N>
+__device__ void store_lines(uint4* row, int first, int lines, const uint4 (&x)[N]) {
+  __syncwarp();  // a line's 8 vectors in one store instruction
+#pragma unroll
+  for (int b = 0; b < N; ++b) {
+    const int line = instruction_line(first + b);
+    if (line < lines) store_vector(row + line * core::kLlLineVectors + line_vector(), x[b]);
+  }
+}
+
+// Loads this lane's vectors of instructions first .. first + N - 1 of `row` (those below `end` whose
+// line is below `lines`) into x. Returns on every lane whether each of those lines carries `stamp`.
+template <int N>
+__device__ bool load_lines(const uint4* row, int first, int end, int lines, uint32_t stamp, uint4 (&x)[N]) {
+  bool here = true;
+#pragma unroll
+  for (int b = 0; b < N; ++b) {
+    const int line = instruction_line(first + b);
+    const bool wanted = first + b < end && line < lines;
+    if (wanted) x[b] = load_vector(row + line * core::kLlLineVectors + line_vector());
+    const uint32_t seen = line_stamp(x[b]);
+    here = here && (!wanted || seen == stamp);
+  }
+  return __all_sync(~0u, here);
+}
+
+// For a wait's report (the whole warp): the stamp of the first line in x (as load_lines left it) that
+// does not carry `stamp`, or `stamp` if none.
+template <int N>
+__device__ uint32_t first_missing_stamp(const uint4 (&x)[N], int first, int end, int lines, uint32_t stamp) {
+  uint32_t seen = stamp;
+#pragma unroll
+  for (int b = 0; b < N; ++b) {
+    const int line = instruction_line(first + b);
+    const uint32_t line_seen = line_stamp(x[b]);
+    const uint32_t missing = __ballot_sync(~0u, first + b < end && line < lines && line_seen != stamp);
+    if (missing != 0u && seen == stamp) seen = __shfl_sync(~0u, line_seen, __ffs(missing) - 1);
+  }
+  return seen;
+}
+
 // This thread waits (wait_for_peer_with) until arrived(), which loads stamped words (or lines) of source
 // s into the caller's variables and says whether each carries the call's stamp; last_seen() is the word
 // to report if not. Nothing needs an acquire: each word (line) vouches for its own data. kWholeWarp (the
