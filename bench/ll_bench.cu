@@ -188,7 +188,7 @@ struct Traffic {
   OpBytes combine(LlCombineOrder order) const {
     // Rows back travel as lines (core::kLlLineBytes, 112 bytes of row in each).
     const int64_t rows_back = order == LlCombineOrder::local ? remote_messages : remote_slots;
-    const double row_bytes = double(core::ll_combine_row_bytes(int(hidden)));
+    const double row_bytes = double(core::ll_row_line_bytes(int(hidden)));
     return {double(rows_back) * row_bytes, double(received_rows) * 2 * hidden};
   }
 };

@@ -12,8 +12,8 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
   a.max_tokens = o.max_tokens_per_rank;
   a.num_experts = o.num_experts;
   a.combine_slots = std::max(num_ranks, o.max_topk);
-  a.payload_bytes = ll_combine_row_bytes(o.hidden);
-  a.combine_row_bytes = ll_combine_row_bytes(o.hidden);
+  a.payload_bytes = ll_row_line_bytes(o.hidden);
+  a.combine_row_bytes = ll_row_line_bytes(o.hidden);
   const std::size_t R = num_ranks, T = o.max_tokens_per_rank, sets = kLlSets;
   const std::size_t messages = sets * R * T;
 

@@ -66,7 +66,7 @@ inline constexpr int ll_row_lines(int row_bytes) { return (row_bytes + kLlLineDa
 inline constexpr int ll_manifest_words(int max_tokens) { return (max_tokens + 31) / 32; }
 // The bytes of a row of `hidden` BF16 columns as lines: a combine row, and a dispatch payload (an FP8
 // row, with its scales in the stamp vectors, takes about half).
-inline constexpr std::size_t ll_combine_row_bytes(int hidden) {
+inline constexpr std::size_t ll_row_line_bytes(int hidden) {
   return std::size_t(kLlLineBytes) * ll_row_lines(2 * hidden);
 }
 
@@ -94,8 +94,8 @@ struct LlHomeToken {
 struct LlAreas {
   int num_ranks = 0, max_tokens = 0, num_experts = 0;
   int combine_slots = 0;              // S = max(R, K_max)
-  std::size_t payload_bytes = 0;      // ll_combine_row_bytes(H): a BF16 row as lines; an FP8 row fits too
-  std::size_t combine_row_bytes = 0;  // ll_combine_row_bytes(H)
+  std::size_t payload_bytes = 0;      // ll_row_line_bytes(H): a BF16 row as lines; an FP8 row fits too
+  std::size_t combine_row_bytes = 0;  // ll_row_line_bytes(H)
 
   // Symmetric offsets.
   std::size_t freed = 0, manifests = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0;

@@ -75,9 +75,9 @@ std::vector<LlCase> cases() {
        "SingleGpu2_OneToken_ExpertsEqualRanks"},
       {2, 32, 32, 4096, 8, 288, Rt::one_hot, 0.1, P::bf16, true, true, false, true, false,
        "SingleGpu2_E288_OneHot_RepeatedExperts_Bf16"},
-      // Rows of 640 columns: a full 512-column send item, then one of 128 (half-warp FP8 groups idle).
+      // Rows of 640 columns: FP8, 6 lines in one send item of 8 (5 scale groups; lines past the row unsent).
       {2, 16, 16, 640, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu2_Hidden640_Fp8"},
-      // The largest hidden: 128 FP8 scale groups (every scale word a lane can hold); BF16 parts take two batches.
+      // The largest hidden: 128 FP8 scale groups over 19 send items; BF16 parts take two batches.
       {2, 16, 16, 16384, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, true, false, false,
        "SingleGpu2_Hidden16384_Fp8_ColumnMajorScales"},
       {2, 16, 16, 16384, 8, 64, Rt::zipf, 0.1, P::bf16, false, true, false, false, false,

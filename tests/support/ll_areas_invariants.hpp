@@ -16,6 +16,8 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
   const std::size_t R = num_ranks, T = o.max_tokens_per_rank, K = o.max_topk, H = o.hidden;
   const std::size_t E_local = std::size_t(o.num_experts) / R, messages = core::kLlSets * R * T;
   const std::size_t combine_slots = R > K ? R : K;
+  // What the kernels index per payload and per combine row (LlView::row_vectors): a BF16 row as lines.
+  const std::size_t row_line_bytes = core::kLlLineBytes * std::size_t(core::ll_row_lines(int(2 * H)));
   struct Area {
     std::size_t offset, bytes;
   };
@@ -24,8 +26,8 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
                          {a.manifests, 8 * core::kLlSets * R * ((T + 31) / 32)},
                          {a.expert_counts, 8 * core::kLlSets * R * E_local},
                          {a.headers, 8 * core::kLlHeaderWords * messages},
-                         {a.payloads, a.payload_bytes * messages},
-                         {a.combine_rows, a.combine_row_bytes * core::kLlSets * combine_slots * T},
+                         {a.payloads, row_line_bytes * messages},
+                         {a.combine_rows, row_line_bytes * core::kLlSets * combine_slots * T},
                          {a.symmetric_bytes, 0}};
   const Area own[] = {{a.blocks_done, 4 * core::kLlOps},
                       {a.pending_freed, 8 * core::kLlOps},
@@ -49,12 +51,12 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
     return broken;
   }
   if (std::string broken = check(own, sizeof(own) / sizeof(own[0]), "private"); !broken.empty()) return broken;
-  // Payloads and combine rows hold 112 row bytes per 128-byte line: a BF16 row (an FP8 row is half of
-  // one, its scales ride in the stamp vectors).
-  if (a.payload_bytes * core::kLlLineDataBytes < 2 * H * core::kLlLineBytes)
-    return "a BF16 row does not fit a payload as lines";
-  if (a.combine_row_bytes * core::kLlLineDataBytes < 2 * H * core::kLlLineBytes)
-    return "a BF16 row does not fit a combine row as lines";
+  // A payload or combine row holds 112 row bytes per 128-byte line: a BF16 row (an FP8 row is half of
+  // one, its scales ride in the stamp vectors), in the lines the kernels index.
+  if (std::size_t(core::ll_row_lines(int(2 * H))) * core::kLlLineDataBytes < 2 * H)
+    return "a BF16 row does not fit its lines";
+  if (a.payload_bytes != row_line_bytes || a.combine_row_bytes != row_line_bytes)
+    return "payload_bytes or combine_row_bytes is not the bytes of a BF16 row as lines";
   if (a.rows_per_expert() != int64_t(R * T)) return "rows_per_expert is not R * max_tokens_per_rank";
   return "";
 }

@@ -10,10 +10,10 @@
 //   Send (rank me). Every CTA first stages my top-k table in shared memory (int16, -1 for none, an
 //   invalid id or an expert of a masked rank; CTA 0 records the first invalid id). A warp waits until the
 //   peers have freed the set before its first remote store.
-//     * Counts and manifests (the last CTA, before its columns): expert_counts(r, set, me) = my tokens
+//     * Counts and manifests (the last CTA, before its items): expert_counts(r, set, me) = my tokens
 //       per local expert of r; manifest(r, set, me) word j, bit i: my token 32 j + i sends r a
 //       message (every word, for every rank r not masked).
-//     * Columns (a warp per token t and 8 lines of its row): payload(r, set, me, t) = the row as lines
+//     * Items (a warp per token t and 8 lines of its row): payload(r, set, me, t) = the row as lines
 //       (BF16, or FP8 cast once here with its group scales in the stamp vectors) for every destination
 //       rank r of t. The warp of the first lines also writes header(r, set, me, t): slots,
 //       unique_slots, and per slot the expert, weight and block_row (how many of my tokens before t
@@ -180,7 +180,7 @@ __device__ void write_header(LlWord* header, uint32_t stamp, uint32_t slots, uin
   if (lane < kLlHeaderWords - kWarp) store_word(header + kWarp + lane, core::stamped(stamp, weight_above));
 }
 
-// The first columns' warp of token t: its headers (one per destination rank) and its home record. Lane
+// The warp of token t's first item (lines 0-7): its headers (one per destination rank) and its home record. Lane
 // k holds slot k's expert and rank; `leaders`: the lowest lane of each destination rank.
 __device__ void write_routing(const DispatchParams& p, const int16_t* experts, uint32_t stamp, int t, int64_t expert,
                               int rank, uint32_t leaders) {
@@ -587,10 +587,11 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
     ok = __syncthreads_and(ok);  // warp-uniform again: the work items use warp collectives
     if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_outputs>(v.team);
   }
-  // Work items: (message, part), parts chosen so that every warp of the grid has about one.
+  // Work items: (message, part), parts chosen so that every warp of the grid has about one (at most 8,
+  // and no more than the payload's line instructions).
   const int messages = R * v.max_tokens;
   const int warps = gridDim.x * kWarps;
-  const int parts = max(1, min(warps / messages, 8));
+  const int parts = max(1, min(min(warps / messages, 8), (row_lines(p) + 3) / 4));
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = item / parts;
     ok = receive_message(p, masked, stamp, message / v.max_tokens, message % v.max_tokens, item % parts, parts);

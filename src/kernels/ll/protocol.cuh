@@ -6,9 +6,9 @@
 //   * Before a warp first writes into peers' copies of the set, it waits until every peer's
 //     freed(me, op, set, peer) >= seq - 1: the peer has finished reading the set's previous use, so
 //     nothing unread is overwritten, whatever the order of calls (captured graphs included).
-//   * There is no "ready" flag: the data carries the call's stamp ll_stamp(seq), the dispatch's in
-//     stamped words (core::LlWord), the combine's in lines (core::kLlLineBytes), and a receive step
-//     waits for the stamps of what it reads (wait_for_words).
+//   * There is no "ready" flag: the data carries the call's stamp ll_stamp(seq), the dispatch's routing
+//     in stamped words (core::LlWord), the dispatch's payloads and the combine's rows in lines
+//     (core::kLlLineBytes), and a receive step waits for the stamps of what it reads (wait_for_words).
 //   * When every CTA's reads are done, freed(r, op, set, me) = seq on every rank r (me included): the
 //     receive step's last CTA sets its own, freed(me, op, set, me) (the next call's sequence number
 //     reads it), and records the call in pending_freed[op]; the peers' go out at the start of this
@@ -77,23 +77,15 @@ __device__ inline PeerWait wait_for_peer(const LlView& v, int r, const uint64_t*
       v, r, [&](uint32_t* give_up) { return transport::wait_at_least(v.team, flag, expected, site, give_up); });
 }
 
-// Stamped words (core::LlWord): one 8-byte access each (a 16-byte access is two of them), volatile, so
-// that a spin reloads them; a word is whole (single-copy atomic), so its stamp vouches for its data.
+// Stamped words (core::LlWord): one 8-byte access each, volatile, so that a spin reloads them; a word is
+// whole (single-copy atomic), so its stamp vouches for its data.
 __device__ __forceinline__ void store_word(core::LlWord* p, core::LlWord a) {
   asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(a) : "memory");
-}
-__device__ __forceinline__ void store_words(core::LlWord* p, core::LlWord a, core::LlWord b) {
-  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
 }
 __device__ __forceinline__ core::LlWord load_word(const core::LlWord* p) {
   core::LlWord a;
   asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(a) : "l"(p) : "memory");
   return a;
-}
-__device__ __forceinline__ ulonglong2 load_words(const core::LlWord* p) {
-  ulonglong2 v;
-  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
-  return v;
 }
 
 // Line vectors (core::kLlLineBytes): 16-byte volatile accesses; a warp stores a line's 8 with one
@@ -137,6 +129,7 @@ __device__ void store_lines(uint4* row, int first, int lines, const uint4 (&x)[N
 // line is below `lines`) into x. Returns on every lane whether each of those lines carries `stamp`.
 template <int N>
 __device__ bool load_lines(const uint4* row, int first, int end, int lines, uint32_t stamp, uint4 (&x)[N]) {
+  __syncwarp();  // a line's 8 vectors in one load instruction, so the stamp vouches for the data
   bool here = true;
 #pragma unroll
   for (int b = 0; b < N; ++b) {
@@ -166,8 +159,8 @@ __device__ uint32_t first_missing_stamp(const uint4 (&x)[N], int first, int end,
 
 // This thread waits (wait_for_peer_with) until arrived(), which loads stamped words (or lines) of source
 // s into the caller's variables and says whether each carries the call's stamp; last_seen() is the word
-// to report if not. Nothing needs an acquire: each word (line) vouches for its own data. kWholeWarp (the
-// combine's lines): the whole warp calls it, arrived() may use warp collectives and returns the same on
+// to report if not. Nothing needs an acquire: each word (line) vouches for its own data. kWholeWarp
+// (lines): the whole warp calls it, arrived() may use warp collectives and returns the same on
 // every lane, and so does the wait (transport::spin_until's kWholeWarp).
 template <bool kWholeWarp = false, typename Arrived, typename LastSeen>
 __device__ PeerWait wait_for_words(const LlView& v, int s, uint32_t stamp, Arrived arrived, LastSeen last_seen,

@@ -35,7 +35,7 @@ enum class TracePoint : int {
   ll_dispatch_start,   // LL dispatch (a launch with the sends, the receive step or both): its first CTA has started
   ll_dispatch_staged,  // every CTA has staged the top-k table
   ll_dispatch_counts_sent,  // the last CTA has written the counts and manifests
-  ll_dispatch_sent,         // every warp has issued its column items' stores
+  ll_dispatch_sent,         // every warp has issued its send items' stores
   ll_dispatch_manifest,     // every receive item has its source's manifest word of the call
   ll_dispatch_header,       // every receive item of a message that came has its header
   ll_dispatch_routed,       // every receive item has its message's routing (manifest, header, counts)

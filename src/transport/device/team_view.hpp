@@ -30,8 +30,9 @@ enum class WaitPhase : uint32_t {
                      // a stamped word)
   ht_combine_done,   // HT combine: waiting for an expert side's rows
   ht_bulk_load,      // HT dispatch and combine: waiting for the copy engine to load a row (detail: token)
-  ll_dispatch_recv,  // LL dispatch: waiting for a source's stamped word (detail: the token, or the expert for
-                     // counts; expected and observed: the words, core::LlWord)
+  ll_dispatch_recv,  // LL dispatch: waiting for a source's stamped word or payload line (detail: the token,
+                     // or the expert for counts; expected and observed: the words, core::LlWord, or for a
+                     // line its stamp in the high half)
   ll_combine_recv,   // LL combine: waiting for an expert side's row lines (detail: the token; expected and
                      // observed: the line's stamp in the high half)
   ll_set_reuse,      // LL: waiting for a peer to finish reading a buffer set before writing it again
