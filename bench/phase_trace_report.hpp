@@ -20,8 +20,7 @@
 namespace epx::bench {
 
 // `before` enqueues what precedes every call untimed (HT: the L2 flush and the team barrier; LL: the
-// barrier), `call` the
-// op; both on `stream`, which is synchronised after each call.
+// barrier), `call` the op; both on `stream`, which is synchronised after each call.
 inline void print_phase_trace(Team& team, cudaStream_t stream, const std::string& name, transport::TracePoint first,
                               const std::function<void()>& before, const std::function<void()>& call) {
   constexpr int kTraceCalls = 21;

@@ -12,18 +12,17 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
   a.max_tokens = o.max_tokens_per_rank;
   a.num_experts = o.num_experts;
   a.combine_slots = std::max(num_ranks, o.max_topk);
-  a.payload_bytes = ll_row_line_bytes(o.hidden);
-  a.combine_row_bytes = ll_row_line_bytes(o.hidden);
   const std::size_t R = num_ranks, T = o.max_tokens_per_rank, sets = kLlSets;
   const std::size_t messages = sets * R * T;
+  const std::size_t row_bytes = ll_row_line_bytes(o.hidden);  // a payload or a combine row
 
   AreaCursor shared;
   a.freed = shared.take(sizeof(uint64_t) * kLlOps * sets * R);
   a.manifests = shared.take(sizeof(LlWord) * sets * R * a.manifest_words());
   a.expert_counts = shared.take(sizeof(LlWord) * sets * R * a.experts_per_rank());
   a.headers = shared.take(sizeof(LlWord) * kLlHeaderWords * messages);
-  a.payloads = shared.take(a.payload_bytes * messages);
-  a.combine_rows = shared.take(a.combine_row_bytes * sets * a.combine_slots * T);
+  a.payloads = shared.take(row_bytes * messages);
+  a.combine_rows = shared.take(row_bytes * sets * a.combine_slots * T);
   a.symmetric_bytes = shared.end();
 
   AreaCursor own;

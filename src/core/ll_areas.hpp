@@ -93,9 +93,7 @@ struct LlHomeToken {
 
 struct LlAreas {
   int num_ranks = 0, max_tokens = 0, num_experts = 0;
-  int combine_slots = 0;              // S = max(R, K_max)
-  std::size_t payload_bytes = 0;      // ll_row_line_bytes(H): a BF16 row as lines; an FP8 row fits too
-  std::size_t combine_row_bytes = 0;  // ll_row_line_bytes(H)
+  int combine_slots = 0;  // S = max(R, K_max)
 
   // Symmetric offsets.
   std::size_t freed = 0, manifests = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0;

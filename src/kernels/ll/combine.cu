@@ -33,18 +33,13 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kLinesPerItem = 8;                          // a work item: two store instructions
-constexpr int kDataVectors = core::kLlLineVectors - 1;    // vector 7 of a line is its stamp
-constexpr int kColsPerVector = 8;                         // 16 bytes of BF16
-constexpr int kColsPerLine = core::kLlLineDataBytes / 2;  // 56
-constexpr int kRowsInFlight = 4;                          // rows whose vectors a lane loads before it adds
+constexpr int kColsPerVector = 8;  // 16 bytes of BF16
+constexpr int kRowsInFlight = 4;   // rows whose vectors a lane loads before it adds
 
 using core::LlHomeToken;
 
-// Item g of a row is line instructions 2 g and 2 g + 1 (protocol.cuh: lane i holds vector i % 8 of
-// line 8 g + 4 j + i / 8 in instruction j); a data vector v < 7 of line l holds columns 56 l + 8 v .. + 7.
-__device__ int item_line(int g, int j) { return instruction_line(2 * g + j); }
-__device__ int line_col(int line) { return kColsPerLine * line + kColsPerVector * line_vector(); }
+// The first column of this lane's data vector in line `line` (protocol.cuh's items: 56 l + 8 v).
+__device__ int line_col(int line) { return line_byte(line) >> 1; }
 
 __device__ float bf16_at(const uint4& x, int i) {
   const uint32_t w = (&x.x)[i / 2];
@@ -66,7 +61,7 @@ __device__ uint4 to_bf16(const float (&acc)[kColsPerVector]) {
 
 // The call's rows: their lines (of p.hidden columns) and work items of kLinesPerItem lines.
 __device__ int row_lines(const CombineParams& p) { return core::ll_row_lines(2 * p.hidden); }
-__device__ int row_items(const CombineParams& p) { return (row_lines(p) + kLinesPerItem - 1) / kLinesPerItem; }
+__device__ int row_items(const CombineParams& p) { return line_items(row_lines(p)); }
 
 // This lane's share of item g of `row` (`col` as line_col gives it): a data vector (zeros past the
 // row), or the stamp vector on lanes 8 m + 7.

@@ -52,11 +52,7 @@ namespace {
 constexpr int kThreads = 512;
 static_assert(kThreads >= kMaxNvlinkRanks, "send() loads one rank's mask per thread");
 constexpr int kWarps = kThreads / kWarp;
-// A send work item: 8 lines of one token's row, line instructions 2 g and 2 g + 1 (protocol.cuh): lane
-// i holds vector i % 8 of line 8 g + 4 j + i / 8 in instruction j; data vector v < 7 of line l holds
-// row bytes [112 l + 16 v, +16).
-constexpr int kLinesPerItem = 8;
-constexpr int kDataVectors = core::kLlLineVectors - 1;                        // vector 7 of a line is its stamp vector
+// A send work item: 8 lines of one token's row (protocol.cuh's items).
 constexpr int kGroup = 128;                                                   // columns per FP8 scale
 constexpr int kItemGroups = kLinesPerItem * core::kLlLineDataBytes / kGroup;  // FP8: 7 groups an item
 static_assert(kItemGroups * kGroup == kLinesPerItem * core::kLlLineDataBytes, "an item holds whole FP8 groups");
@@ -220,9 +216,7 @@ __device__ void write_routing(const DispatchParams& p, const int16_t* experts, u
 // The call's rows as lines: FP8 H bytes, or BF16 2 H; send items of kLinesPerItem lines.
 __device__ int row_bytes(const DispatchParams& p) { return p.fp8 ? p.hidden : 2 * p.hidden; }
 __device__ int row_lines(const DispatchParams& p) { return core::ll_row_lines(row_bytes(p)); }
-__device__ int row_items(const DispatchParams& p) { return (row_lines(p) + kLinesPerItem - 1) / kLinesPerItem; }
-// The row byte of this lane's data vector in line `line`.
-__device__ int line_byte(int line) { return core::kLlLineDataBytes * line + 16 * line_vector(); }
+__device__ int row_items(const DispatchParams& p) { return line_items(row_lines(p)); }
 
 // One warp: this lane's vectors of item g of token t's row as they go on the wire (the stamp vectors
 // included). FP8: the lanes of a group reduce its amax in shared memory (a group spans lanes of both
@@ -234,7 +228,7 @@ __device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g,
   int line[2], byte[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    line[j] = instruction_line(2 * g + j);
+    line[j] = item_line(g, j);
     byte[j] = vector < kDataVectors ? line_byte(line[j]) : bytes;  // the stamp lane loads nothing
   }
   if (!p.fp8) {
@@ -520,7 +514,7 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
   const uint4* payload = v.payload(me, p.set, s, t);
-  const int lines = row_lines(p), instructions = (lines + 3) / 4;
+  const int lines = row_lines(p), instructions = line_instructions(lines);
   const int per_part = (instructions + parts - 1) / parts;
   const int first = part * per_part, end = min(instructions, first + per_part);
   uint4 x[kLineBatch] = {};
@@ -591,7 +585,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
   // and no more than the payload's line instructions).
   const int messages = R * v.max_tokens;
   const int warps = gridDim.x * kWarps;
-  const int parts = max(1, min(min(warps / messages, 8), (row_lines(p) + 3) / 4));
+  const int parts = max(1, min(min(warps / messages, 8), line_instructions(row_lines(p))));
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = item / parts;
     ok = receive_message(p, masked, stamp, message / v.max_tokens, message % v.max_tokens, item % parts, parts);

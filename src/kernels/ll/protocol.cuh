@@ -105,9 +105,24 @@ __device__ __forceinline__ uint4 load_vector(const uint4* p) {
 
 // A warp moves lines in line instructions of 4 lines: lane i holds vector i % 8 of line 4 k + i / 8 of
 // instruction k (vector 7 is the stamp vector, its first word the stamp), so one store instruction
-// writes 4 whole lines.
+// writes 4 whole lines. Both kernels' work items are 8 lines of a row (instructions 2 g and 2 g + 1);
+// data vector v < 7 of line l holds row bytes [112 l + 16 v, +16).
+constexpr int kLinesPerInstruction = 4, kLinesPerItem = 8;
+constexpr int kDataVectors = core::kLlLineVectors - 1;  // vector 7 of a line is its stamp vector
 __device__ __forceinline__ int line_vector() { return int(threadIdx.x % kWarp) % core::kLlLineVectors; }
-__device__ __forceinline__ int instruction_line(int k) { return 4 * k + int(threadIdx.x % kWarp) / 8; }
+__device__ __forceinline__ int instruction_line(int k) {
+  return kLinesPerInstruction * k + int(threadIdx.x % kWarp) / core::kLlLineVectors;
+}
+__device__ __forceinline__ int item_line(int g, int j) { return instruction_line(2 * g + j); }
+// The row byte of this lane's data vector in line `line`.
+__device__ __forceinline__ int line_byte(int line) {
+  return core::kLlLineDataBytes * line + int(sizeof(uint4)) * line_vector();
+}
+// The line instructions and the work items of a row of `lines` lines.
+__device__ __forceinline__ int line_instructions(int lines) {
+  return (lines + kLinesPerInstruction - 1) / kLinesPerInstruction;
+}
+__device__ __forceinline__ int line_items(int lines) { return (lines + kLinesPerItem - 1) / kLinesPerItem; }
 // The stamp of the line whose vector this lane holds in x (the whole warp calls it).
 __device__ __forceinline__ uint32_t line_stamp(const uint4& x) {
   return __shfl_sync(~0u, x.x, int(threadIdx.x % kWarp) | (core::kLlLineVectors - 1));
