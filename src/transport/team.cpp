@@ -42,7 +42,7 @@ std::unique_ptr<Team::Impl> new_impl(int rank, int nranks, bool single_gpu, cons
   check_cuda(cudaHostGetDevicePointer(&report_device, report, 0), "cudaHostGetDevicePointer(wait report)");
   impl->report_device = static_cast<transport::WaitReport*>(report_device);
 #ifdef EPX_PHASE_TRACE
-  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl->trace), sizeof(uint64_t) * transport::kTracePoints),
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl->trace), sizeof(uint64_t) * transport::kTraceWords),
              "cudaMalloc(phase trace)");
 #endif
   return impl;
@@ -65,9 +65,9 @@ Team::Impl::~Impl() {
 
 void Team::Impl::reset_trace(cudaStream_t stream) {
   EPX_REQUIRE(trace != nullptr, "the phase trace needs a build with -DEPX_PHASE_TRACE=ON");
-  std::vector<uint64_t> words(transport::kTracePoints);
-  for (int p = 0; p < transport::kTracePoints; ++p) {
-    words[p] = transport::trace_keeps_earliest(transport::TracePoint(p)) ? UINT64_MAX : 0;
+  std::vector<uint64_t> words(transport::kTraceWords);
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    words[i] = transport::trace_keeps_earliest(transport::TracePoint(i % transport::kTracePoints)) ? UINT64_MAX : 0;
   }
   check_cuda(cudaMemcpyAsync(trace, words.data(), sizeof(uint64_t) * words.size(), cudaMemcpyHostToDevice, stream),
              "cudaMemcpyAsync(phase trace reset)");
@@ -76,7 +76,7 @@ void Team::Impl::reset_trace(cudaStream_t stream) {
 
 std::vector<uint64_t> Team::Impl::read_trace() {
   EPX_REQUIRE(trace != nullptr, "the phase trace needs a build with -DEPX_PHASE_TRACE=ON");
-  std::vector<uint64_t> words(transport::kTracePoints);
+  std::vector<uint64_t> words(transport::kTraceWords);
   check_cuda(cudaMemcpy(words.data(), trace, sizeof(uint64_t) * words.size(), cudaMemcpyDeviceToHost),
              "cudaMemcpy(phase trace read)");
   return words;

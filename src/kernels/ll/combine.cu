@@ -80,7 +80,9 @@ __device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, i
 
 // One warp, part `part` of `parts` of message (s, t): its lines of the message's rows back to the home
 // rank s (local order: reduced; naive: one row per slot). Returns false when the team failed.
-__device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t, int part, int parts, bool& free) {
+// `sent`: set when the warp stores anything.
+__device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t, int part, int parts, bool& free,
+                             bool& sent) {
   const LlView& v = p.v;
   const int me = v.team.rank, lane = threadIdx.x % kWarp;
   const uint32_t stamp = core::ll_stamp(cseq);
@@ -90,7 +92,9 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
   const float weight_of_slot = v.entry_weights_of(p.dispatch_set, s, t)[k];
   const bool home_masked = is_masked(v, s);     // loaded with the record, not after it
   if (slots == 0u || home_masked) return true;  // no message from (s, t) in that dispatch, or s is masked
+  sent = true;
   if (!ensure_set_free(v, core::kLlCombine, p.set, cseq, free)) return false;
+  if (lane == 0) transport::trace<transport::TracePoint::ll_combine_free>(v.team);
   const int items = row_items(p), vector = line_vector();
   for (int g = part; g < items; g += parts) {
     int col[2];
@@ -149,12 +153,12 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
   const int warps = gridDim.x * kWarps;
   const int parts = max(1, min(warps / messages, row_items(p)));  // about one work item per warp
   bool free = false;                                              // this warp has seen the set freed by every home rank
-  bool ok = true;
+  bool ok = true, sent = false;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = item / parts;
-    ok = send_message(p, cseq, message / v.max_tokens, message % v.max_tokens, item % parts, parts, free);
+    ok = send_message(p, cseq, message / v.max_tokens, message % v.max_tokens, item % parts, parts, free, sent);
   }
-  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_sent>(v.team);
+  if (sent && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_sent>(v.team);
 }
 
 // ---- Receive ----

@@ -290,7 +290,11 @@ __device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint6
   const uint32_t same_rank = __match_any_sync(~0u, rank);
   const uint32_t leaders = __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1);
   if (!ensure_set_free(v, core::kLlDispatch, p.set, seq, free)) return false;
-  if (g == 0) write_routing(p, experts, core::ll_stamp(seq), t, expert, rank, leaders);
+  if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_free>(v.team);
+  if (g == 0) {
+    write_routing(p, experts, core::ll_stamp(seq), t, expert, rank, leaders);
+    if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_routing>(v.team);
+  }
   const int lines = row_lines(p);
   for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
@@ -386,7 +390,7 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
     if (i != first_item) load_item(p, stamp, t, g, vectors);
     ok = send_item(p, experts, seq, t, g, vectors, free);
   }
-  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
+  if (first_item < items && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
 }
 
 // ---- Receive ----

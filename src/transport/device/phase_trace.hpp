@@ -2,8 +2,11 @@
 // stamp %globaltimer at the numbered points below into their team's trace words (TeamView::trace): a
 // point keeps the earliest stamp of the threads that reach it when it is a start, else the latest.
 // The host resets the words before a call and reads them after it (Team::Impl::reset_trace and
-// read_trace). Without the option there are no words and a stamp compiles to nothing. %globaltimer
-// advances in steps of about 0.26 us on H200 (the committed traces): closer points do not separate.
+// read_trace). Each stamp also goes to its warp's own row of words (the warp's index in the grid, below
+// kTraceWarps), which keeps that warp's earliest or latest stamp of the point the same way, so that the
+// report can say how the warps spread, not only which was last. Without the option there are no words
+// and a stamp compiles to nothing. %globaltimer advances in steps of about 0.26 us on H200 (the committed
+// traces): closer points do not separate.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +38,9 @@ enum class TracePoint : int {
   ll_dispatch_start,   // LL dispatch (a launch with the sends, the receive step or both): its first CTA has started
   ll_dispatch_staged,  // every CTA has staged the top-k table
   ll_dispatch_counts_sent,  // the last CTA has written the counts and manifests
-  ll_dispatch_sent,         // every warp has issued its send items' stores
+  ll_dispatch_free,         // every warp with a send item has seen the set freed by every peer
+  ll_dispatch_routing,      // every warp of a token's first item has written its headers and home record
+  ll_dispatch_sent,         // every warp with a send item has issued its stores
   ll_dispatch_manifest,     // every receive item has its source's manifest word of the call
   ll_dispatch_header,       // every receive item of a message that came has its header
   ll_dispatch_routed,       // every receive item has its message's routing (manifest, header, counts)
@@ -43,12 +48,17 @@ enum class TracePoint : int {
   ll_dispatch_outputs,      // CTA 0 has written the per-expert outputs
   ll_dispatch_end,          // every CTA is done (the last one after recording the call as freed)
   ll_combine_start,         // LL combine (a launch with the sends, the receive step or both): its first CTA has started
-  ll_combine_sent,          // every warp has issued its send items' stores
+  ll_combine_free,          // every warp with a message to send has seen the set freed by every home rank
+  ll_combine_sent,          // every warp with a send item has issued its stores
   ll_combine_received,      // every warp has written its output columns (its rows' lines all came)
   ll_combine_end,           // every CTA is done (the last one after recording the call as freed)
   count
 };
 inline constexpr int kTracePoints = int(TracePoint::count);
+// The trace words: kTracePoints for the team, then a row of kTracePoints per warp of the grid (warps
+// past kTraceWarps stamp only the team's).
+inline constexpr int kTraceWarps = 4096;
+inline constexpr int kTraceWords = kTracePoints * (1 + kTraceWarps);
 // Each point's name (what epx-bench --trace prints) and whether it keeps the earliest stamp (a kernel's
 // start) rather than the latest.
 struct TracePointInfo {
@@ -75,6 +85,8 @@ inline constexpr TracePointInfo kTracePointInfo[] = {
     {"ll_start", true},
     {"ll_staged", false},
     {"ll_counts_sent", false},
+    {"ll_free", false},
+    {"ll_routing", false},
     {"ll_sent", false},
     {"ll_manifest", false},
     {"ll_header", false},
@@ -83,6 +95,7 @@ inline constexpr TracePointInfo kTracePointInfo[] = {
     {"ll_outputs", false},
     {"ll_end", false},
     {"llc_start", true},
+    {"llc_free", false},
     {"llc_sent", false},
     {"llc_received", false},
     {"llc_end", false},
@@ -98,11 +111,15 @@ template <TracePoint kPoint>
 __device__ __forceinline__ void trace(const TeamView& team) {
 #ifdef EPX_PHASE_TRACE
   const uint64_t now = global_timer_ns();
-  auto* word = reinterpret_cast<unsigned long long*>(team.trace) + int(kPoint);
+  const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  auto* team_word = reinterpret_cast<unsigned long long*>(team.trace) + int(kPoint);
+  auto* warp_word = team_word + kTracePoints * (1 + warp);
   if constexpr (trace_keeps_earliest(kPoint)) {
-    atomicMin(word, now);
+    atomicMin(team_word, now);
+    if (warp < kTraceWarps) atomicMin(warp_word, now);
   } else {
-    atomicMax(word, now);
+    atomicMax(team_word, now);
+    if (warp < kTraceWarps) atomicMax(warp_word, now);
   }
 #else
   (void)team;
