@@ -30,7 +30,8 @@
 //   stores the part into every row (FP8: the scales too); src_idx too. The part's loads (manifest word,
 //   header, first payload lines) all go out before the first wait: a word or line loaded early vouches
 //   for itself as well.
-//   CTA 0 writes layout_range, recv_count and the statistics (waiting for every source's counts). What
+//   The last CTA writes layout_range, recv_count and the statistics (waiting for every source's counts;
+//   work items go to CTAs in order, so the last one has the fewest and none waits behind it). What
 //   combine needs of each message (slots, each slot's packed row and weight; slots 0 for a token that
 //   sent nothing) is kept in private memory, so the set is not read after this step. Then the last CTA
 //   records the call as freed; the signals go out at the start of this rank's next dispatch
@@ -567,7 +568,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
   for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
   __syncthreads();
   bool ok = true;
-  if (blockIdx.x == 0) {  // the per-expert outputs
+  if (blockIdx.x == gridDim.x - 1) {  // the per-expert outputs
     for (int e = threadIdx.x; ok && e < v.experts_per_rank(); e += blockDim.x) {
       int32_t begin = 0;
       for (int s = 0; ok && s < R; ++s) {

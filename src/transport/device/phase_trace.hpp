@@ -45,7 +45,7 @@ enum class TracePoint : int {
   ll_dispatch_header,       // every receive item of a message that came has its header
   ll_dispatch_routed,       // every receive item has its message's routing (manifest, header, counts)
   ll_dispatch_received,     // every receive item has stored its payload
-  ll_dispatch_outputs,      // CTA 0 has written the per-expert outputs
+  ll_dispatch_outputs,      // the last CTA has written the per-expert outputs
   ll_dispatch_end,          // every CTA is done (the last one after recording the call as freed)
   ll_combine_start,         // LL combine (a launch with the sends, the receive step or both): its first CTA has started
   ll_combine_free,          // every warp with a message to send has seen the set freed by every home rank
