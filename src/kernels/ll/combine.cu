@@ -81,7 +81,7 @@ __device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, i
 // One warp, part `part` of `parts` of message (s, t): its lines of the message's rows back to the home
 // rank s (local order: reduced; naive: one row per slot). Returns false when the team failed.
 // `sent`: set when the warp stores anything.
-__device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t, int part, int parts, bool& free,
+__device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t, int part, int parts, SetFree& free,
                              bool& sent) {
   const LlView& v = p.v;
   const int me = v.team.rank, lane = threadIdx.x % kWarp;
@@ -152,7 +152,7 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
   const int messages = v.team.nranks * v.max_tokens;
   const int warps = gridDim.x * kWarps;
   const int parts = max(1, min(warps / messages, row_items(p)));  // about one work item per warp
-  bool free = false;                                              // this warp has seen the set freed by every home rank
+  SetFree free = load_set_free(v, core::kLlCombine, p.set);
   bool ok = true, sent = false;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = item / parts;

@@ -15,10 +15,11 @@
 //       message (every word, for every rank r not masked).
 //     * Items (a warp per token t and 8 lines of its row): payload(r, set, me, t) = the row as lines
 //       (BF16, or FP8 cast once here with its group scales in the stamp vectors) for every destination
-//       rank r of t. The warp of the first lines also writes header(r, set, me, t): slots,
-//       unique_slots, and per slot the expert, weight and block_row (how many of my tokens before t
-//       name that expert: t's place among them), and home(set, t) (t's destination ranks ascending and
-//       valid slots, for combine).
+//       rank r of t. The warp of the first lines also writes header(r, set, me, t), before its lines:
+//       slots, unique_slots, and per slot the expert, weight and block_row (how many of my tokens
+//       before t name that expert: t's place among them); and after them home(set, t) (t's destination
+//       ranks ascending and valid slots, for combine). Every receive of the message waits for its
+//       header, so it goes out first.
 //     All of them plain volatile stores over NVLink (8-byte words, 16-byte line vectors), in no order.
 //   Receive (rank me). A source masked when the step starts (the CTA's view; a masked source counts as
 //   having sent nothing, see protocol.cuh) is not read. Warps take (message, part of its payload) work
@@ -177,41 +178,63 @@ __device__ void write_header(LlWord* header, uint32_t stamp, uint32_t slots, uin
   if (lane < kLlHeaderWords - kWarp) store_word(header + kWarp + lane, core::stamped(stamp, weight_above));
 }
 
-// The warp of token t's first item (lines 0-7): its headers (one per destination rank) and its home record. Lane
-// k holds slot k's expert and rank; `leaders`: the lowest lane of each destination rank.
-__device__ void write_routing(const DispatchParams& p, const int16_t* experts, uint32_t stamp, int t, int64_t expert,
-                              int rank, uint32_t leaders) {
+// What the warp of token t's first item (lines 0-7) writes besides its lines: the headers (one per
+// destination rank) and the home record. Lane k: slot k. Computed before the warp's "set is free" wait.
+struct Routing {
+  uint32_t first_of_expert;            // the slots that get a row of their own (the first naming their expert)
+  uint32_t local_expert, row, weight;  // lane k: slot k's header fields (0 for a slot without a rank)
+};
+
+// `weight`: lane k's load of slot k's weight bits (lanes >= K: anything).
+__device__ Routing token_routing(const DispatchParams& p, const int16_t* experts, int t, int64_t expert, int rank,
+                                 uint32_t weight) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp;
-  const bool leader = (leaders >> lane) & 1u;
   const uint32_t same_expert = __match_any_sync(~0u, expert);
   const int block_row = tokens_before_naming(p, experts, t, expert);
-  const uint32_t first_of_expert = __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_expert) - 1);
   const bool valid = rank >= 0;
-  const uint32_t local_expert = valid ? uint16_t(int16_t(expert - int64_t(rank) * v.experts_per_rank())) : 0u;
-  const uint32_t row = valid ? uint16_t(int16_t(block_row)) : 0u;
-  const uint32_t weight =
-      valid && p.weights != nullptr ? __float_as_uint(p.weights[t * p.weights_row_stride + lane]) : 0u;
+  return Routing{__ballot_sync(~0u, valid && lane == __ffs(same_expert) - 1),
+                 valid ? uint16_t(int16_t(expert - int64_t(rank) * v.experts_per_rank())) : 0u,
+                 valid ? uint16_t(int16_t(block_row)) : 0u, valid && p.weights != nullptr ? weight : 0u};
+}
+
+// Token t's headers, one per destination rank; `leaders`: the lowest lane of each destination rank.
+__device__ void write_headers(const DispatchParams& p, uint32_t stamp, int t, int rank, uint32_t leaders,
+                              const Routing& r) {
+  const LlView& v = p.v;
   for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
     const bool mine = rank == dest;
     const uint32_t slots = __ballot_sync(~0u, mine);
-    write_header(v.header(dest, p.set, v.team.rank, t), stamp, slots, first_of_expert & slots, mine ? local_expert : 0u,
-                 mine ? row : 0u, mine ? weight : 0u);
+    write_header(v.header(dest, p.set, v.team.rank, t), stamp, slots, r.first_of_expert & slots,
+                 mine ? r.local_expert : 0u, mine ? r.row : 0u, mine ? r.weight : 0u);
   }
-  const uint32_t valid_slots = __ballot_sync(~0u, valid);
+}
+
+// Token t's home record (local, for combine).
+__device__ void write_home(const DispatchParams& p, int t, int rank, uint32_t leaders) {
+  const int lane = threadIdx.x % kWarp;
+  const bool leader = (leaders >> lane) & 1u;
+  const uint32_t valid_slots = __ballot_sync(~0u, rank >= 0);
   int position = 0;  // among the destination ranks, ascending
   for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
     const int other = __shfl_sync(~0u, rank, __ffs(rest) - 1);
     position += leader && other < rank;
   }
-  LlHomeToken* home = v.home_of(p.set, t);
+  LlHomeToken* home = p.v.home_of(p.set, t);
   if (leader) home->ranks[position] = int8_t(rank);
   if (lane < core::kLlMaxTopk) home->slot_ranks[lane] = int8_t(rank);
   if (lane == 0) {
     home->num_ranks = __popc(leaders);
     home->slots = valid_slots;
   }
+}
+
+// Lane k < K: the bits of token t's slot k weight, if the call has weights (a load the caller issues
+// early, see token_routing).
+__device__ uint32_t load_weight(const DispatchParams& p, int t) {
+  const int lane = threadIdx.x % kWarp;
+  return p.weights != nullptr && lane < p.topk ? __float_as_uint(p.weights[t * p.weights_row_stride + lane]) : 0u;
 }
 
 // The call's rows as lines: FP8 H bytes, or BF16 2 H; send items of kLinesPerItem lines.
@@ -280,26 +303,30 @@ __device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g,
   __syncwarp();  // every lane has read the amax before the warp's next item resets it
 }
 
-// One warp: item g of token t (its vectors `x`, load_item) to every destination rank. Returns false
-// when the team failed.
+// One warp: item g of token t (its vectors `x`, load_item) to every destination rank; for the first item
+// (g = 0) the token's headers go out first and its home record after the lines. `weight`: load_weight's
+// for g = 0. Returns false when the team failed.
 __device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int g,
-                          const uint4 (&x)[2], bool& free) {
+                          const uint4 (&x)[2], uint32_t weight, SetFree& free) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp;
   const int64_t expert = lane < p.topk ? experts[t * p.topk + lane] : -1;
   const int rank = expert >= 0 ? int(expert / v.experts_per_rank()) : -1;
   const uint32_t same_rank = __match_any_sync(~0u, rank);
   const uint32_t leaders = __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1);
+  Routing routing{};
+  if (g == 0) routing = token_routing(p, experts, t, expert, rank, weight);
   if (!ensure_set_free(v, core::kLlDispatch, p.set, seq, free)) return false;
   if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_free>(v.team);
-  if (g == 0) {
-    write_routing(p, experts, core::ll_stamp(seq), t, expert, rank, leaders);
-    if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_routing>(v.team);
-  }
+  if (g == 0) write_headers(p, core::ll_stamp(seq), t, rank, leaders, routing);
   const int lines = row_lines(p);
   for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
     store_lines(v.payload(dest, p.set, v.team.rank, t), 2 * g, lines, x);
+  }
+  if (g == 0) {
+    write_home(p, t, rank, leaders);
+    if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_routing>(v.team);
   }
   return true;
 }
@@ -310,7 +337,7 @@ __device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint6
 // of each unmasked rank's manifest (which of my tokens send it a message). Returns false when the team
 // failed.
 __device__ bool send_counts_and_manifests(const DispatchParams& p, const int16_t* experts, const bool* masked,
-                                          int32_t* counts, uint64_t seq, bool& free) {
+                                          int32_t* counts, uint64_t seq, SetFree& free) {
   const LlView& v = p.v;
   const int K = p.topk, lane = threadIdx.x % kWarp, E_local = v.experts_per_rank();
   const uint32_t stamp = core::ll_stamp(seq);
@@ -358,12 +385,15 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
       reinterpret_cast<int32_t*>(reinterpret_cast<char*>(send_shared) + experts_table_bytes(p.num_tokens, p.topk));
   const LlView& v = p.v;
   // Items (token, 8 lines of its row); with the default grid every warp has at most one or two. A
-  // warp's first item is loaded (and cast) before the table is staged: it needs no routing. (Routing
+  // warp's first item is loaded (and cast) before the table is staged: it needs no routing. The peers'
+  // freed flags and the first item's weights (a token's first item) are loaded with it. (Routing
   // items of their own, ahead of the columns, were measured: BF16 2.2 us faster, FP8 0.9 us slower; not
   // kept.)
   const uint32_t stamp = core::ll_stamp(seq);
   const int per_row = row_items(p), items = p.num_tokens * per_row, warps = gridDim.x * kWarps;
   const int first_item = blockIdx.x * kWarps + threadIdx.x / kWarp;
+  SetFree free = load_set_free(v, core::kLlDispatch, p.set);
+  uint32_t weight = first_item < items && first_item % per_row == 0 ? load_weight(p, first_item / per_row) : 0u;
   uint4 vectors[2] = {};
   if (first_item < items) load_item(p, stamp, first_item / per_row, first_item % per_row, vectors);
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
@@ -382,14 +412,16 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
     __syncthreads();
   }
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_staged>(v.team);
-  bool free = false;  // this warp has seen the set freed by every peer
   const bool counting = blockIdx.x == gridDim.x - 1;
   bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
   if (counting && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_counts_sent>(v.team);
   for (int i = first_item; ok && i < items; i += warps) {
     const int t = i / per_row, g = i % per_row;
-    if (i != first_item) load_item(p, stamp, t, g, vectors);
-    ok = send_item(p, experts, seq, t, g, vectors, free);
+    if (i != first_item) {
+      if (g == 0) weight = load_weight(p, t);
+      load_item(p, stamp, t, g, vectors);
+    }
+    ok = send_item(p, experts, seq, t, g, vectors, weight, free);
   }
   if (first_item < items && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
 }

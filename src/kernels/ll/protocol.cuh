@@ -5,7 +5,8 @@
 //     call on the set has finished by then, see ll.hpp's rules).
 //   * Before a warp first writes into peers' copies of the set, it waits until every peer's
 //     freed(me, op, set, peer) >= seq - 1: the peer has finished reading the set's previous use, so
-//     nothing unread is overwritten, whatever the order of calls (captured graphs included).
+//     nothing unread is overwritten, whatever the order of calls (captured graphs included). The flags
+//     are loaded when the kernel starts; the wait happens only if those loads fell short (SetFree).
 //   * There is no "ready" flag: the data carries the call's stamp ll_stamp(seq), the dispatch's routing
 //     in stamped words (core::LlWord), the dispatch's payloads and the combine's rows in lines
 //     (core::kLlLineBytes), and a receive step waits for the stamps of what it reads (wait_for_words).
@@ -199,11 +200,28 @@ __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t 
   return __all_sync(~0u, ok);
 }
 
-// Before a warp's first remote store of a call: wait_set_free once (`free`: the warp has seen it).
-// Returns false on every lane when the team failed.
-__device__ inline bool ensure_set_free(const LlView& v, int op, int set, uint64_t seq, bool& free) {
-  if (!free) free = wait_set_free(v, op, set, seq);
-  return free;
+// A warp's state of the "set is free" wait (ensure_set_free). `early`: lane r < R's load of freed(me, op,
+// set, r) made when the kernel starts (load_set_free), so that its round trip hides behind the kernel's
+// first loads instead of delaying the warp's first remote store. A relaxed load is enough: the flag
+// speaks for a peer's reads that ended with an earlier kernel of the peer, and a store issued after the
+// load has returned and been compared (a GPU does not perform stores speculatively) cannot reach them.
+struct SetFree {
+  uint64_t early;
+  bool seen;  // the warp has seen every peer free the set
+};
+
+__device__ inline SetFree load_set_free(const LlView& v, int op, int set) {
+  const int r = threadIdx.x % kWarp;
+  return SetFree{r < v.team.nranks ? transport::load_relaxed_sys(v.freed_flag(v.team.rank, op, set, r)) : ~0ull, false};
+}
+
+// Before a warp's first remote store of a call: whether the early loads already show every peer free
+// (teams of up to 32 ranks: a lane each), else wait_set_free. Returns false on every lane when the team
+// failed.
+__device__ inline bool ensure_set_free(const LlView& v, int op, int set, uint64_t seq, SetFree& free) {
+  if (!free.seen)
+    free.seen = (v.team.nranks <= kWarp && __all_sync(~0u, free.early >= seq - 1)) || wait_set_free(v, op, set, seq);
+  return free.seen;
 }
 
 // Every thread of every CTA calls it once its reads for the receive step of call seq on (op, set) are
