@@ -13,13 +13,13 @@
 //     * Counts and manifests (the last CTA, before its items): expert_counts(r, set, me) = my tokens
 //       per local expert of r; manifest(r, set, me) word j, bit i: my token 32 j + i sends r a
 //       message (every word, for every rank r not masked).
-//     * Items (a warp per token t and 8 lines of its row): payload(r, set, me, t) = the row as lines
-//       (BF16, or FP8 cast once here with its group scales in the stamp vectors) for every destination
-//       rank r of t. The warp of the first lines also writes header(r, set, me, t), before its lines:
+//     * Routing items (a warp per token t): header(r, set, me, t) for every destination rank r of t:
 //       slots, unique_slots, and per slot the expert, weight and block_row (how many of my tokens
-//       before t name that expert: t's place among them); and after them home(set, t) (t's destination
-//       ranks ascending and valid slots, for combine). Every receive of the message waits for its
-//       header, so it goes out first.
+//       before t name that expert: t's place among them); and home(set, t) (t's destination ranks
+//       ascending and valid slots, for combine).
+//     * Send items (a warp per token t and 8 lines of its row): payload(r, set, me, t) = the row as
+//       lines (BF16, or FP8 cast once here with its group scales in the stamp vectors) for every
+//       destination rank r of t.
 //     All of them plain volatile stores over NVLink (8-byte words, 16-byte line vectors), in no order.
 //   Receive (rank me). A source masked when the step starts (the CTA's view; a masked source counts as
 //   having sent nothing, see protocol.cuh) is not read. Warps take (message, part of its payload) work
@@ -178,8 +178,8 @@ __device__ void write_header(LlWord* header, uint32_t stamp, uint32_t slots, uin
   if (lane < kLlHeaderWords - kWarp) store_word(header + kWarp + lane, core::stamped(stamp, weight_above));
 }
 
-// What the warp of token t's first item (lines 0-7) writes besides its lines: the headers (one per
-// destination rank) and the home record. Lane k: slot k. Computed before the warp's "set is free" wait.
+// What a routing item of token t writes: the headers (one per destination rank) and the home record.
+// Lane k: slot k. Computed before the warp's "set is free" check.
 struct Routing {
   uint32_t first_of_expert;            // the slots that get a row of their own (the first naming their expert)
   uint32_t local_expert, row, weight;  // lane k: slot k's header fields (0 for a slot without a rank)
@@ -231,7 +231,7 @@ __device__ void write_home(const DispatchParams& p, int t, int rank, uint32_t le
 }
 
 // Lane k < K: the bits of token t's slot k weight, if the call has weights (a load the caller issues
-// early, see token_routing).
+// early, see send).
 __device__ uint32_t load_weight(const DispatchParams& p, int t) {
   const int lane = threadIdx.x % kWarp;
   return p.weights != nullptr && lane < p.topk ? __float_as_uint(p.weights[t * p.weights_row_stride + lane]) : 0u;
@@ -303,30 +303,45 @@ __device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g,
   __syncwarp();  // every lane has read the amax before the warp's next item resets it
 }
 
-// One warp: item g of token t (its vectors `x`, load_item) to every destination rank; for the first item
-// (g = 0) the token's headers go out first and its home record after the lines. `weight`: load_weight's
-// for g = 0. Returns false when the team failed.
-__device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int g,
-                          const uint4 (&x)[2], uint32_t weight, SetFree& free) {
-  const LlView& v = p.v;
+// Lane k < K: slot k's expert (-1: none) and its rank (-1: none); `leaders`: the lowest lane of each
+// destination rank of token t, from the staged table.
+struct TokenRanks {
+  int64_t expert;
+  int rank;
+  uint32_t leaders;
+};
+__device__ TokenRanks token_ranks(const DispatchParams& p, const int16_t* experts, int t) {
   const int lane = threadIdx.x % kWarp;
   const int64_t expert = lane < p.topk ? experts[t * p.topk + lane] : -1;
-  const int rank = expert >= 0 ? int(expert / v.experts_per_rank()) : -1;
+  const int rank = expert >= 0 ? int(expert / p.v.experts_per_rank()) : -1;
   const uint32_t same_rank = __match_any_sync(~0u, rank);
-  const uint32_t leaders = __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1);
-  Routing routing{};
-  if (g == 0) routing = token_routing(p, experts, t, expert, rank, weight);
-  if (!ensure_set_free(v, core::kLlDispatch, p.set, seq, free)) return false;
-  if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_free>(v.team);
-  if (g == 0) write_headers(p, core::ll_stamp(seq), t, rank, leaders, routing);
+  return TokenRanks{expert, rank, __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1)};
+}
+
+// One warp: token t's routing, its headers to every destination rank and its home record. `weight`:
+// load_weight's. Returns false when the team failed.
+__device__ bool send_routing(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, uint32_t weight,
+                             SetFree& free) {
+  const TokenRanks to = token_ranks(p, experts, t);
+  const Routing routing = token_routing(p, experts, t, to.expert, to.rank, weight);
+  if (!ensure_set_free(p.v, core::kLlDispatch, p.set, seq, free)) return false;
+  write_headers(p, core::ll_stamp(seq), t, to.rank, to.leaders, routing);
+  write_home(p, t, to.rank, to.leaders);
+  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_routing>(p.v.team);
+  return true;
+}
+
+// One warp: item g of token t (its vectors `x`, load_item) to every destination rank. Returns false when
+// the team failed.
+__device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int g,
+                          const uint4 (&x)[2], SetFree& free) {
+  const TokenRanks to = token_ranks(p, experts, t);
+  if (!ensure_set_free(p.v, core::kLlDispatch, p.set, seq, free)) return false;
+  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_free>(p.v.team);
   const int lines = row_lines(p);
-  for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
-    const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
-    store_lines(v.payload(dest, p.set, v.team.rank, t), 2 * g, lines, x);
-  }
-  if (g == 0) {
-    write_home(p, t, rank, leaders);
-    if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_routing>(v.team);
+  for (uint32_t rest = to.leaders; rest != 0u; rest &= rest - 1u) {
+    const int dest = __shfl_sync(~0u, to.rank, __ffs(rest) - 1);
+    store_lines(p.v.payload(dest, p.set, p.v.team.rank, t), 2 * g, lines, x);
   }
   return true;
 }
@@ -384,18 +399,20 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
   int32_t* counts =
       reinterpret_cast<int32_t*>(reinterpret_cast<char*>(send_shared) + experts_table_bytes(p.num_tokens, p.topk));
   const LlView& v = p.v;
-  // Items (token, 8 lines of its row); with the default grid every warp has at most one or two. A
-  // warp's first item is loaded (and cast) before the table is staged: it needs no routing. The peers'
-  // freed flags and the first item's weights (a token's first item) are loaded with it. (Routing
-  // items of their own, ahead of the columns, were measured: BF16 2.2 us faster, FP8 0.9 us slower; not
-  // kept.)
+  // Work: T routing items (a token's headers and home record), then the send items (token, 8 lines of
+  // its row). With the default grid every warp has at most one or two, and the routing items land on
+  // the first warps, which have no lines to send: the headers, which every receive of a message waits
+  // for, do not queue behind the lines. (Routing as the first of a token's items, before its lines,
+  // left them last: their warps' stores went out ~3 us after the others'.) A warp's first work is loaded
+  // (a send item: and cast) before the table is staged, with the peers' freed flags.
   const uint32_t stamp = core::ll_stamp(seq);
-  const int per_row = row_items(p), items = p.num_tokens * per_row, warps = gridDim.x * kWarps;
-  const int first_item = blockIdx.x * kWarps + threadIdx.x / kWarp;
+  const int per_row = row_items(p), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
+  const int warps = gridDim.x * kWarps, first = blockIdx.x * kWarps + threadIdx.x / kWarp;
   SetFree free = load_set_free(v, core::kLlDispatch, p.set);
-  uint32_t weight = first_item < items && first_item % per_row == 0 ? load_weight(p, first_item / per_row) : 0u;
+  uint32_t weight = first < routing ? load_weight(p, first) : 0u;
   uint4 vectors[2] = {};
-  if (first_item < items) load_item(p, stamp, first_item / per_row, first_item % per_row, vectors);
+  if (first >= routing && first < work)
+    load_item(p, stamp, (first - routing) / per_row, (first - routing) % per_row, vectors);
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
   // become -1 in a second pass (only when a rank is masked). The mask is loaded first, so that its
   // latency hides behind the table's (kThreads >= kMaxNvlinkRanks: one rank per thread).
@@ -415,15 +432,17 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
   const bool counting = blockIdx.x == gridDim.x - 1;
   bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
   if (counting && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_counts_sent>(v.team);
-  for (int i = first_item; ok && i < items; i += warps) {
-    const int t = i / per_row, g = i % per_row;
-    if (i != first_item) {
-      if (g == 0) weight = load_weight(p, t);
-      load_item(p, stamp, t, g, vectors);
+  for (int i = first; ok && i < work; i += warps) {
+    if (i < routing) {
+      if (i != first) weight = load_weight(p, i);
+      ok = send_routing(p, experts, seq, i, weight, free);
+      continue;
     }
-    ok = send_item(p, experts, seq, t, g, vectors, weight, free);
+    const int t = (i - routing) / per_row, g = (i - routing) % per_row;
+    if (i != first) load_item(p, stamp, t, g, vectors);
+    ok = send_item(p, experts, seq, t, g, vectors, free);
   }
-  if (first_item < items && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
+  if (first < work && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
 }
 
 // ---- Receive ----

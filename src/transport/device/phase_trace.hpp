@@ -39,7 +39,7 @@ enum class TracePoint : int {
   ll_dispatch_staged,  // every CTA has staged the top-k table
   ll_dispatch_counts_sent,  // the last CTA has written the counts and manifests
   ll_dispatch_free,         // every warp with a send item has seen the set freed by every peer
-  ll_dispatch_routing,      // every warp of a token's first item has written its headers and home record
+  ll_dispatch_routing,      // every routing item has written its headers and home record
   ll_dispatch_sent,         // every warp with a send item has issued its stores
   ll_dispatch_manifest,     // every receive item has its source's manifest word of the call
   ll_dispatch_header,       // every receive item of a message that came has its header
