@@ -130,23 +130,34 @@ __device__ uint2 to_fp8(const uint4& raw, float inv) {
 }
 
 // Lane k: how many of my tokens before t name slot k's expert (`expert`, -1: none), from the staged
-// table; lane i looks at token t0 + i.
+// table, for K <= kSlots. Lane i counts over tokens i, i + 32, ... below t, every slot of t at once and
+// with no cross-lane step (slot k's count in byte k % 4 of counts[k / 4]: at most kLlMaxTokens / 32 per
+// lane); the warp adds each slot's bytes at the end.
+template <int kSlots>
 __device__ int tokens_before_naming(const DispatchParams& p, const int16_t* experts, int t, int64_t expert) {
-  const int lane = threadIdx.x % kWarp;
-  int before = 0;
-  for (int t0 = 0; t0 < t; t0 += kWarp) {
-    const int u = t0 + lane;
-    int16_t theirs[core::kLlMaxTopk];  // token u's experts, in registers
+  static_assert(core::kLlMaxTokens / kWarp < 256, "a lane's count of one slot fits in a byte");
+  const int lane = threadIdx.x % kWarp, K = p.topk;
+  int32_t x[kSlots];  // t's experts, on every lane (-1: none)
 #pragma unroll
-    for (int j = 0; j < core::kLlMaxTopk; ++j) theirs[j] = u < t && j < p.topk ? experts[u * p.topk + j] : -1;
-    for (int k = 0; k < p.topk; ++k) {
-      const int64_t x = __shfl_sync(~0u, expert, k);
+  for (int k = 0; k < kSlots; ++k) x[k] = __shfl_sync(~0u, int32_t(expert), k);
+  uint32_t counts[kSlots / 4] = {};
+  for (int u = lane; u < t; u += kWarp) {
+    int32_t theirs[kSlots];
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) theirs[j] = j < K ? experts[u * K + j] : -1;
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
       bool names = false;
 #pragma unroll
-      for (int j = 0; j < core::kLlMaxTopk; ++j) names |= theirs[j] == x;
-      const uint32_t naming = __ballot_sync(~0u, names && x >= 0);
-      if (lane == k) before += __popc(naming);
+      for (int j = 0; j < kSlots; ++j) names |= theirs[j] == x[k];
+      counts[k / 4] += uint32_t(names && x[k] >= 0) << (8 * (k % 4));
     }
+  }
+  int before = 0;
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    const int total = int(__reduce_add_sync(~0u, (counts[k / 4] >> (8 * (k % 4))) & 0xFFu));
+    if (lane == k) before = total;
   }
   return before;
 }
@@ -191,7 +202,8 @@ __device__ Routing token_routing(const DispatchParams& p, const int16_t* experts
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp;
   const uint32_t same_expert = __match_any_sync(~0u, expert);
-  const int block_row = tokens_before_naming(p, experts, t, expert);
+  const int block_row = p.topk <= 8 ? tokens_before_naming<8>(p, experts, t, expert)
+                                    : tokens_before_naming<core::kLlMaxTopk>(p, experts, t, expert);
   const bool valid = rank >= 0;
   return Routing{__ballot_sync(~0u, valid && lane == __ffs(same_expert) - 1),
                  valid ? uint16_t(int16_t(expert - int64_t(rank) * v.experts_per_rank())) : 0u,
