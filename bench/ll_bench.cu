@@ -32,6 +32,7 @@ using detail::check_cuda;
 // the stamp vectors).
 constexpr double kMessageHeaderBytes = core::kLlHeaderWords * sizeof(core::LlWord);
 constexpr uint16_t kBf16NaN = 0x7fc0;
+constexpr int kInARowRounds = 5;  // rounds of replays in a row per op (GraphPair::time_in_a_row)
 
 static_assert(sizeof(LlRange) == sizeof(ref::RowRange) && offsetof(LlRange, count) == offsetof(ref::RowRange, count),
               "layout_range is downloaded straight into the reference's RowRange");
@@ -107,6 +108,17 @@ class GraphPair {
       check_cuda(cudaGraphLaunch((second ? b_ : a_).get(), s), "cudaGraphLaunch");
       second = !second;
     });
+  }
+
+  // `rounds` rounds, each after `before`: events around `replays` launches in a row (A, B, A, ...);
+  // per call, a round's time divided by `replays`.
+  Timing time_in_a_row(cudaStream_t stream, int rounds, int replays,
+                       const std::function<void(cudaStream_t)>& before) const {
+    if (replays % 2 != 0) throw std::logic_error("LL bench: graph replays must come in pairs");
+    const Timing round = time_on_stream(stream, 0, rounds, before, [&](cudaStream_t s) {
+      for (int i = 0; i < replays; ++i) check_cuda(cudaGraphLaunch((i % 2 == 0 ? a_ : b_).get(), s), "cudaGraphLaunch");
+    });
+    return Timing{round.median_us / replays, round.min_us / replays, round.max_us / replays};
   }
 
  private:
@@ -193,15 +205,22 @@ struct Traffic {
   }
 };
 
+// One call's timings: one launch at a time, each after a team barrier (what the bench reports), and in
+// a row (GraphPair::time_in_a_row; left empty where not measured).
+struct CallTiming {
+  Timing launch, in_a_row;
+};
+
 struct Measured {
   const char* op;
   const char* dtype;
   const char* order;  // "" for dispatch alone
   RankTiming timing;
+  Timing in_a_row;
 };
 
-Measured measured(const char* op, const char* dtype, const char* order, Timing timing, OpBytes bytes) {
-  return Measured{op, dtype, order, RankTiming{timing, bytes.nvlink, bytes.algo}};
+Measured measured(const char* op, const char* dtype, const char* order, CallTiming timing, OpBytes bytes) {
+  return Measured{op, dtype, order, RankTiming{timing.launch, bytes.nvlink, bytes.algo}, timing.in_a_row};
 }
 
 // ll.hpp promises more than the reference's contract: rows already in canonical order (source ranks
@@ -329,21 +348,25 @@ class LlBench {
   }
 
   // Each op: one call (dispatch; combine; or dispatch then combine) captured in a GraphPair, replayed
-  // o_.warmup + o_.replays times, each replay after a team barrier. No L2 flush: the inputs (~2 MB) stay
+  // o_.warmup + o_.replays times, each replay after a team barrier; then kInARowRounds rounds of
+  // o_.replays replays in a row, each round after a team barrier. No L2 flush: the inputs (~2 MB) stay
   // in L2 as they would in a decode step, and LL ops are bound by latency, not by HBM.
   std::vector<Measured> time_ops() {
     const LlCombineOrder local = LlCombineOrder::local, naive = LlCombineOrder::naive;
+    constexpr bool kInARow = true;
     std::vector<Measured> out;
-    out.push_back(measured("dispatch", "fp8", "", time_dispatch(true), traffic_.dispatch(true)));
-    out.push_back(measured("dispatch", "bf16", "", time_dispatch(false), traffic_.dispatch(false)));
+    out.push_back(measured("dispatch", "fp8", "", time_dispatch(true, kInARow), traffic_.dispatch(true)));
+    out.push_back(measured("dispatch", "bf16", "", time_dispatch(false, kInARow), traffic_.dispatch(false)));
     // The combines replay on the handle of one dispatch made here: no dispatch runs in between.
     const LlHandle handle = buffer_.dispatch(dispatch_args(false), Streams{stream()}).handle;
-    out.push_back(measured("combine", "bf16", "local", time_combine(local, handle), traffic_.combine(local)));
-    out.push_back(measured("combine", "bf16", "naive", time_combine(naive, handle), traffic_.combine(naive)));
-    const Timing both = time([&](cudaStream_t s) {
-      const LlHandle h = buffer_.dispatch(dispatch_args(true), Streams{s}).handle;
-      buffer_.combine(combine_args(local, h), Streams{s});
-    });
+    out.push_back(measured("combine", "bf16", "local", time_combine(local, handle, kInARow), traffic_.combine(local)));
+    out.push_back(measured("combine", "bf16", "naive", time_combine(naive, handle, kInARow), traffic_.combine(naive)));
+    const CallTiming both = time(
+        [&](cudaStream_t s) {
+          const LlHandle h = buffer_.dispatch(dispatch_args(true), Streams{s}).handle;
+          buffer_.combine(combine_args(local, h), Streams{s});
+        },
+        kInARow);
     const OpBytes d = traffic_.dispatch(true), c = traffic_.combine(local);
     out.push_back(measured("dispatch_combine", "fp8", "local", both, {d.nvlink + c.nvlink, d.algo + c.algo}));
     finish();
@@ -382,8 +405,8 @@ class LlBench {
       LlHandle handle;
       require_every_rank(team_, stream(), check_again(handle),
                          "LL outputs with num_sms " + std::to_string(sms) + " differ from the checked ones");
-      out.push_back({time_combine(LlCombineOrder::local, handle)});
-      out.push_back({time_dispatch(true)});
+      out.push_back({time_combine(LlCombineOrder::local, handle).launch});
+      out.push_back({time_dispatch(true).launch});
       settings.push_back(sms);
     }
     finish();
@@ -424,15 +447,18 @@ class LlBench {
     return a;
   }
 
-  Timing time(const std::function<void(cudaStream_t)>& call) {
+  CallTiming time(const std::function<void(cudaStream_t)>& call, bool in_a_row = false) {
     const GraphPair graphs(stream(), call);
-    return graphs.time(stream(), o_.warmup, o_.replays, [&](cudaStream_t s) { enqueue_team_barrier(team_, s); });
+    const auto barrier = [&](cudaStream_t s) { enqueue_team_barrier(team_, s); };
+    CallTiming t{graphs.time(stream(), o_.warmup, o_.replays, barrier), {}};
+    if (in_a_row) t.in_a_row = graphs.time_in_a_row(stream(), kInARowRounds, o_.replays, barrier);
+    return t;
   }
-  Timing time_dispatch(bool fp8) {
-    return time([&](cudaStream_t s) { buffer_.dispatch(dispatch_args(fp8), Streams{s}); });
+  CallTiming time_dispatch(bool fp8, bool in_a_row = false) {
+    return time([&](cudaStream_t s) { buffer_.dispatch(dispatch_args(fp8), Streams{s}); }, in_a_row);
   }
-  Timing time_combine(LlCombineOrder order, const LlHandle& handle) {
-    return time([&](cudaStream_t s) { buffer_.combine(combine_args(order, handle), Streams{s}); });
+  CallTiming time_combine(LlCombineOrder order, const LlHandle& handle, bool in_a_row = false) {
+    return time([&](cudaStream_t s) { buffer_.combine(combine_args(order, handle), Streams{s}); }, in_a_row);
   }
 
   void finish() {
@@ -570,12 +596,17 @@ LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
   result.buffer_bytes = bench.buffer_bytes();
   result.message_header_bytes = int(kMessageHeaderBytes);
   const std::vector<Measured> measured = bench.time_ops();
-  std::vector<RankTiming> timings;
-  for (const Measured& m : measured) timings.push_back(m.timing);
+  std::vector<RankTiming> timings, in_a_row;
+  for (const Measured& m : measured) {
+    timings.push_back(m.timing);
+    in_a_row.push_back({m.in_a_row});
+  }
   const std::vector<TeamTiming> gathered = gather_timings(team, bench.stream(), timings);
+  const std::vector<TeamTiming> gathered_in_a_row = gather_timings(team, bench.stream(), in_a_row);
   for (std::size_t i = 0; i < measured.size(); ++i) {
     LlBenchRow row;
     static_cast<TeamTiming&>(row) = gathered[i];
+    row.in_a_row_us = gathered_in_a_row[i].time_us;
     row.op = measured[i].op;
     row.dtype = measured[i].dtype;
     row.order = measured[i].order;

@@ -34,6 +34,10 @@ struct LlBenchRow : TeamTiming {
   std::string order;     // combine's summation order (local or naive); empty for dispatch alone
   int sms = 0;           // LlConfig::num_sms
   bool checked = false;  // every rank's outputs equalled the CPU reference
+  // The slowest rank's median time of one call when the graphs are replayed back to back (no barrier
+  // between them, each launch overlapping the kernel before, as in a stream of calls): a round's time
+  // divided by its replays.
+  double in_a_row_us = 0;
 };
 
 // The num_sms values `tune` tries (those above the smallest SM count of any rank are left out).

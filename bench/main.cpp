@@ -237,15 +237,19 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
     j.field("time_us", row.time_us);
     write_target(j, ll_target(ll.ranks, default_shape(ll), row.op, row.dtype, row.order), row);
     write_timing(j, row);
+    j.field("in_a_row_us", row.in_a_row_us);
     j.field("replays", ll.replays)
         .field("buffer_bytes", static_cast<long long>(ll.buffer_bytes))
         .field("message_header_bytes", ll.message_header_bytes)
-        .field("note",
-               "time_us: the slowest rank's median (slowest_rank) of `replays` CUDA-graph replays, each one call "
-               "(dispatch_combine: one of each) timed by events around its graph launch after a team barrier; two "
-               "graphs of the call alternate the buffer sets; no L2 flush (latency-bound); bytes and GB/s: the "
-               "slowest rank's, per direction (NVLink: dispatch messages, payload as 128-byte lines of 112 row bytes + "
-               "message_header_bytes each, or combine rows back to the home rank as such lines)")
+        .field(
+            "note",
+            "time_us: the slowest rank's median (slowest_rank) of `replays` CUDA-graph replays, each one call "
+            "(dispatch_combine: one of each) timed by events around its graph launch after a team barrier; two "
+            "graphs of the call alternate the buffer sets; in_a_row_us: the slowest rank's median over 5 rounds, each "
+            "after a team barrier, of `replays` replays back to back (a round's time / replays: each launch "
+            "overlaps the kernel before, as in a stream of calls); no L2 flush (latency-bound); bytes and GB/s: the "
+            "slowest rank's, per direction (NVLink: dispatch messages, payload as 128-byte lines of 112 row bytes + "
+            "message_header_bytes each, or combine rows back to the home rank as such lines)")
         .end_object();
   }
 }
@@ -351,17 +355,20 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
       "kernel timed as these calls %.2f us\n",
       mib, kLlBufferTargetBytes / 1000000, ll.buffer_bytes <= kLlBufferTargetBytes ? "met" : "MISSED",
       l.flag_latency_us, l.one_kernel_graph_us);
-  std::printf("time: the slowest rank's median of %d graph replays (one call each); GB/s per rank and direction\n",
-              ll.replays);
-  std::printf("%-16s %-6s %-6s %9s %7s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag", "NVLink GB/s",
-              "algo GB/s", "checked", "target");
+  std::printf(
+      "time: the slowest rank's median of %d graph replays (one call each, after a team barrier); in a row: one call "
+      "of %d replays back to back; GB/s per rank and direction\n",
+      ll.replays, ll.replays);
+  std::printf("%-16s %-6s %-6s %9s %7s %9s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag",
+              "in a row", "NVLink GB/s", "algo GB/s", "checked", "target");
   for (const LlBenchRow& row : ll.rows) {
     const Target target = ll_target(ll.ranks, default_shape(ll), row.op, row.dtype, row.order);
-    std::printf("%-16s %-6s %-6s %9.2f %7s %12s %10s %8s  %s\n", row.op.c_str(), row.dtype.c_str(),
+    std::printf("%-16s %-6s %-6s %9.2f %7s %9s %12s %10s %8s  %s\n", row.op.c_str(), row.dtype.c_str(),
                 row.order.empty() ? "-" : row.order.c_str(), row.time_us,
                 number_or_dash(l.flag_latency_us > 0 ? row.time_us / l.flag_latency_us : 0, "%.1f").c_str(),
-                number_or_dash(row.nvlink_gbps, "%.1f").c_str(), number_or_dash(row.algo_gbps, "%.1f").c_str(),
-                row.checked ? "yes" : "NO", target_cell(target, row).c_str());
+                number_or_dash(row.in_a_row_us, "%.2f").c_str(), number_or_dash(row.nvlink_gbps, "%.1f").c_str(),
+                number_or_dash(row.algo_gbps, "%.1f").c_str(), row.checked ? "yes" : "NO",
+                target_cell(target, row).c_str());
   }
 }
 
