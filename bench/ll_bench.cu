@@ -32,7 +32,6 @@ using detail::check_cuda;
 // the stamp vectors).
 constexpr double kMessageHeaderBytes = core::kLlHeaderWords * sizeof(core::LlWord);
 constexpr uint16_t kBf16NaN = 0x7fc0;
-constexpr int kInARowRounds = 5;  // rounds of replays in a row per op (GraphPair::time_in_a_row)
 
 static_assert(sizeof(LlRange) == sizeof(ref::RowRange) && offsetof(LlRange, count) == offsetof(ref::RowRange, count),
               "layout_range is downloaded straight into the reference's RowRange");
@@ -348,7 +347,7 @@ class LlBench {
   }
 
   // Each op: one call (dispatch; combine; or dispatch then combine) captured in a GraphPair, replayed
-  // o_.warmup + o_.replays times, each replay after a team barrier; then kInARowRounds rounds of
+  // o_.warmup + o_.replays times, each replay after a team barrier; then kLlInARowRounds rounds of
   // o_.replays replays in a row, each round after a team barrier. No L2 flush: the inputs (~2 MB) stay
   // in L2 as they would in a decode step, and LL ops are bound by latency, not by HBM.
   std::vector<Measured> time_ops() {
@@ -451,7 +450,7 @@ class LlBench {
     const GraphPair graphs(stream(), call);
     const auto barrier = [&](cudaStream_t s) { enqueue_team_barrier(team_, s); };
     CallTiming t{graphs.time(stream(), o_.warmup, o_.replays, barrier), {}};
-    if (in_a_row) t.in_a_row = graphs.time_in_a_row(stream(), kInARowRounds, o_.replays, barrier);
+    if (in_a_row) t.in_a_row = graphs.time_in_a_row(stream(), kLlInARowRounds, o_.replays, barrier);
     return t;
   }
   CallTiming time_dispatch(bool fp8, bool in_a_row = false) {

@@ -40,6 +40,9 @@ struct LlBenchRow : TeamTiming {
   double in_a_row_us = 0;
 };
 
+// Rounds of replays in a row per op (LlBenchRow::in_a_row_us).
+inline constexpr int kLlInARowRounds = 5;
+
 // The num_sms values `tune` tries (those above the smallest SM count of any rank are left out).
 inline constexpr int kLlTuneSms[] = {16, 24, 32, 48, 64, 96, 132};
 

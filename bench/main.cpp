@@ -239,17 +239,18 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
     write_timing(j, row);
     j.field("in_a_row_us", row.in_a_row_us);
     j.field("replays", ll.replays)
+        .field("in_a_row_rounds", kLlInARowRounds)
         .field("buffer_bytes", static_cast<long long>(ll.buffer_bytes))
         .field("message_header_bytes", ll.message_header_bytes)
-        .field(
-            "note",
-            "time_us: the slowest rank's median (slowest_rank) of `replays` CUDA-graph replays, each one call "
-            "(dispatch_combine: one of each) timed by events around its graph launch after a team barrier; two "
-            "graphs of the call alternate the buffer sets; in_a_row_us: the slowest rank's median over 5 rounds, each "
-            "after a team barrier, of `replays` replays back to back (a round's time / replays: each launch "
-            "overlaps the kernel before, as in a stream of calls); no L2 flush (latency-bound); bytes and GB/s: the "
-            "slowest rank's, per direction (NVLink: dispatch messages, payload as 128-byte lines of 112 row bytes + "
-            "message_header_bytes each, or combine rows back to the home rank as such lines)")
+        .field("note",
+               "time_us: the slowest rank's median (slowest_rank) of `replays` CUDA-graph replays, each one call "
+               "(dispatch_combine: one of each) timed by events around its graph launch after a team barrier; two "
+               "graphs of the call alternate the buffer sets; in_a_row_us: the slowest rank's median over "
+               "`in_a_row_rounds` rounds, each "
+               "after a team barrier, of `replays` replays back to back (a round's time / replays: each launch "
+               "overlaps the kernel before, as in a stream of calls); no L2 flush (latency-bound); bytes and GB/s: the "
+               "slowest rank's, per direction (NVLink: dispatch messages, payload as 128-byte lines of 112 row bytes + "
+               "message_header_bytes each, or combine rows back to the home rank as such lines)")
         .end_object();
   }
 }
