@@ -66,6 +66,10 @@ std::vector<LlCase> cases() {
       {0, 77, 128, 2048, 1, 64, Rt::uniform, 0.1, P::fp8_ue8m0, false, true, false, false, true,
        "World_SmallerThanBuffer_Ue8m0"},
       {0, 77, 128, 2048, 8, 64, Rt::uniform, 1.0, P::fp8, false, true, false, false, false, "World_AllSlotsEmpty"},
+      // More than 8 slots (the block rows' count for up to 16 slots, headers and combine rows of 16 slots).
+      {0, 128, 128, 2048, 16, 256, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "World_K16_Fp8"},
+      {0, 77, 128, 2048, 12, 64, Rt::zipf, 0.1, P::bf16, true, true, false, true, false,
+       "World_K12_Zipf_RepeatedExperts_Bf16_Int32"},
       // One GPU, 2 ranks.
       {2, 77, 128, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu2_Uniform_Fp8"},
       {2, 128, 128, 2048, 8, 64, Rt::zipf, 0.1, P::fp8_ue8m0, true, true, true, false, false,
@@ -91,6 +95,8 @@ std::vector<LlCase> cases() {
       {4, 0, 32, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu4_NoTokens"},
       {4, 1, 32, 2048, 1, kEq, Rt::uniform, 0.0, P::bf16, false, true, false, false, false,
        "SingleGpu4_OneToken_ExpertsEqualRanks"},
+      {4, 32, 32, 2048, 16, 64, Rt::uniform, 0.1, P::fp8_ue8m0, false, true, false, false, false,
+       "SingleGpu4_K16_Ue8m0"},
       // One GPU, 8 ranks.
       {8, 32, 32, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu8_Uniform_Fp8"},
       {8, 32, 32, 2048, 8, kEq, Rt::uniform, 0.0, P::fp8_ue8m0, true, true, true, false, false,
