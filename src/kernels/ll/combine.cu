@@ -8,7 +8,7 @@
 // there is no "ready" flag, no fence and no count.
 //   Send (expert side me): per message (s, t) that dispatch received (its private record: slots,
 //   entry_rows, entry_weights) from a home rank s not masked now, split into items of 8 lines over
-//   warps; a warp waits until every home rank has freed `set` before its first remote store:
+//   warps; a warp waits until every peer has freed `set` before its first remote store:
 //     local: p = 0; for its slots k ascending: p = fmaf(weight_k, y[entry_rows_k], p); the BF16 of p
 //            goes to combine_row(s, set, me, t) (a slot repeating an expert counts again, with its weight);
 //     naive: y[entry_rows_k] goes to combine_row(s, set, k, t) for every slot k.
@@ -92,9 +92,8 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
   const float weight_of_slot = v.entry_weights_of(p.dispatch_set, s, t)[k];
   const bool home_masked = is_masked(v, s);     // loaded with the record, not after it
   if (slots == 0u || home_masked) return true;  // no message from (s, t) in that dispatch, or s is masked
+  if (!ensure_set_free<transport::TracePoint::ll_combine_free>(v, core::kLlCombine, p.set, cseq, free)) return false;
   sent = true;
-  if (!ensure_set_free(v, core::kLlCombine, p.set, cseq, free)) return false;
-  if (lane == 0) transport::trace<transport::TracePoint::ll_combine_free>(v.team);
   const int items = row_items(p), vector = line_vector();
   for (int g = part; g < items; g += parts) {
     int col[2];

@@ -32,7 +32,8 @@
 //   header, first payload lines) all go out before the first wait: a word or line loaded early vouches
 //   for itself as well.
 //   The last CTA writes layout_range, recv_count and the statistics (waiting for every source's counts;
-//   work items go to CTAs in order, so the last one has the fewest and none waits behind it). What
+//   receive items go to CTAs in order, so the last one has the fewest and none waits behind it; in a
+//   launch with the sends it has sent the counts and manifests first). What
 //   combine needs of each message (slots, each slot's packed row and weight; slots 0 for a token that
 //   sent nothing) is kept in private memory, so the set is not read after this step. Then the last CTA
 //   records the call as freed; the signals go out at the start of this rank's next dispatch
@@ -336,7 +337,7 @@ __device__ bool send_routing(const DispatchParams& p, const int16_t* experts, ui
                              SetFree& free) {
   const TokenRanks to = token_ranks(p, experts, t);
   const Routing routing = token_routing(p, experts, t, to.expert, to.rank, weight);
-  if (!ensure_set_free(p.v, core::kLlDispatch, p.set, seq, free)) return false;
+  if (!ensure_set_free<transport::TracePoint::ll_dispatch_free>(p.v, core::kLlDispatch, p.set, seq, free)) return false;
   write_headers(p, core::ll_stamp(seq), t, to.rank, to.leaders, routing);
   write_home(p, t, to.rank, to.leaders);
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_routing>(p.v.team);
@@ -348,8 +349,7 @@ __device__ bool send_routing(const DispatchParams& p, const int16_t* experts, ui
 __device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int g,
                           const uint4 (&x)[2], SetFree& free) {
   const TokenRanks to = token_ranks(p, experts, t);
-  if (!ensure_set_free(p.v, core::kLlDispatch, p.set, seq, free)) return false;
-  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_free>(p.v.team);
+  if (!ensure_set_free<transport::TracePoint::ll_dispatch_free>(p.v, core::kLlDispatch, p.set, seq, free)) return false;
   const int lines = row_lines(p);
   for (uint32_t rest = to.leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, to.rank, __ffs(rest) - 1);
@@ -377,7 +377,7 @@ __device__ bool send_counts_and_manifests(const DispatchParams& p, const int16_t
     if (e >= 0 && !repeated) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
-  if (!ensure_set_free(v, core::kLlDispatch, p.set, seq, free)) return false;
+  if (!ensure_set_free<transport::TracePoint::ll_dispatch_free>(v, core::kLlDispatch, p.set, seq, free)) return false;
   for (int e = threadIdx.x; e < v.num_experts; e += blockDim.x) {
     if (!masked[e / E_local])
       store_word(v.expert_counts_of(e / E_local, p.set, v.team.rank) + e % E_local, core::stamped(stamp, counts[e]));
@@ -412,11 +412,13 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
       reinterpret_cast<int32_t*>(reinterpret_cast<char*>(send_shared) + experts_table_bytes(p.num_tokens, p.topk));
   const LlView& v = p.v;
   // Work: T routing items (a token's headers and home record), then the send items (token, 8 lines of
-  // its row). With the default grid every warp has at most one or two, and the routing items land on
-  // the first warps, which have no lines to send: the headers, which every receive of a message waits
-  // for, do not queue behind the lines. (Routing as the first of a token's items, before its lines,
-  // left them last: their warps' stores went out ~3 us after the others'.) A warp's first work is loaded
-  // (a send item: and cast) before the table is staged, with the peers' freed flags.
+  // its row), dealt to the warps in turn. With the default grid every warp has one or two, and the
+  // routing items land on the first warps: where the work does not exceed the warps (FP8 at T = 128 on
+  // 132 SMs) those have no lines to send, so the headers, which every receive of a message waits for,
+  // do not queue behind lines; else the first warps take a send item after their routing item. (Routing
+  // as the first of a token's items, before its lines, left them last: their warps' stores went out
+  // ~3 us after the others'.) A warp's first work is loaded (a send item: and cast) before the table is
+  // staged, with the peers' freed flags.
   const uint32_t stamp = core::ll_stamp(seq);
   const int per_row = row_items(p), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
   const int warps = gridDim.x * kWarps, first = blockIdx.x * kWarps + threadIdx.x / kWarp;
@@ -444,6 +446,7 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
   const bool counting = blockIdx.x == gridDim.x - 1;
   bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
   if (counting && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_counts_sent>(v.team);
+  bool sent_lines = false;  // for the phase trace
   for (int i = first; ok && i < work; i += warps) {
     if (i < routing) {
       if (i != first) weight = load_weight(p, i);
@@ -453,8 +456,9 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
     const int t = (i - routing) / per_row, g = (i - routing) % per_row;
     if (i != first) load_item(p, stamp, t, g, vectors);
     ok = send_item(p, experts, seq, t, g, vectors, free);
+    sent_lines = ok;
   }
-  if (first < work && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
+  if (sent_lines && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
 }
 
 // ---- Receive ----

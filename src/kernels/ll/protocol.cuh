@@ -19,7 +19,8 @@
 //     which time this rank has started the call in between whenever the peer's calls depended on it
 //     (every dispatch waits for every peer's counts of the same call); otherwise the wait lasts until
 //     this rank starts its next call of the op (ll.hpp's rules).
-// Signals are system-scope release stores by one thread; waits are acquires, bounded (wait_at_least).
+// Signals are system-scope release stores by one thread; waits are acquires, bounded (wait_at_least),
+// except the set-free check's early loads, which are relaxed (SetFree says why).
 // One remote signal per call and peer: many CTAs adding to one remote counter serialise on it.
 //
 // Rank masking (rank_mask, written by the host through LlBuffer::set_rank_masked, or by a wait on that
@@ -36,6 +37,7 @@
 
 #include "kernels/common/grid.cuh"
 #include "kernels/ll/ll_view.hpp"
+#include "transport/device/phase_trace.hpp"
 #include "transport/device/wait.cuh"
 
 namespace epx::kernels::ll {
@@ -106,7 +108,8 @@ __device__ __forceinline__ uint4 load_vector(const uint4* p) {
 
 // A warp moves lines in line instructions of 4 lines: lane i holds vector i % 8 of line 4 k + i / 8 of
 // instruction k (vector 7 is the stamp vector, its first word the stamp), so one store instruction
-// writes 4 whole lines. Both kernels' work items are 8 lines of a row (instructions 2 g and 2 g + 1);
+// writes 4 whole lines. Both kernels' line work items (dispatch's send items, combine's items) are 8
+// lines of a row (instructions 2 g and 2 g + 1);
 // data vector v < 7 of line l holds row bytes [112 l + 16 v, +16).
 constexpr int kLinesPerInstruction = 4, kLinesPerItem = 8;
 constexpr int kDataVectors = core::kLlLineVectors - 1;  // vector 7 of a line is its stamp vector
@@ -202,9 +205,11 @@ __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t 
 
 // A warp's state of the "set is free" wait (ensure_set_free). `early`: lane r < R's load of freed(me, op,
 // set, r) made when the kernel starts (load_set_free), so that its round trip hides behind the kernel's
-// first loads instead of delaying the warp's first remote store. A relaxed load is enough: the flag
-// speaks for a peer's reads that ended with an earlier kernel of the peer, and a store issued after the
-// load has returned and been compared (a GPU does not perform stores speculatively) cannot reach them.
+// first loads instead of delaying the warp's first remote store (an acquire load would hold back the
+// loads after it). A relaxed load is enough on the hardware, not by the PTX memory model alone (a
+// relaxed load that reads a release store does not synchronise with it): the flag speaks for a peer's
+// reads that ended with an earlier kernel of the peer, and a store issued after the load has returned
+// and been compared cannot reach them, as a GPU performs no store speculatively.
 struct SetFree {
   uint64_t early;
   bool seen;  // the warp has seen every peer free the set
@@ -216,11 +221,14 @@ __device__ inline SetFree load_set_free(const LlView& v, int op, int set) {
 }
 
 // Before a warp's first remote store of a call: whether the early loads already show every peer free
-// (teams of up to 32 ranks: a lane each), else wait_set_free. Returns false on every lane when the team
-// failed.
+// (teams of up to 32 ranks: a lane each), else wait_set_free; the phase trace's kSeen point when the warp
+// first sees it. Returns false on every lane when the team failed.
+template <transport::TracePoint kSeen>
 __device__ inline bool ensure_set_free(const LlView& v, int op, int set, uint64_t seq, SetFree& free) {
-  if (!free.seen)
+  if (!free.seen) {
     free.seen = (v.team.nranks <= kWarp && __all_sync(~0u, free.early >= seq - 1)) || wait_set_free(v, op, set, seq);
+    if (free.seen && threadIdx.x % kWarp == 0) transport::trace<kSeen>(v.team);
+  }
   return free.seen;
 }
 

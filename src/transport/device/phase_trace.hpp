@@ -38,7 +38,7 @@ enum class TracePoint : int {
   ll_dispatch_start,   // LL dispatch (a launch with the sends, the receive step or both): its first CTA has started
   ll_dispatch_staged,  // every CTA has staged the top-k table
   ll_dispatch_counts_sent,  // the last CTA has written the counts and manifests
-  ll_dispatch_free,         // every warp with a send item has seen the set freed by every peer
+  ll_dispatch_free,         // every warp that stores remotely has seen the set freed by every peer (its first check)
   ll_dispatch_routing,      // every routing item has written its headers and home record
   ll_dispatch_sent,         // every warp with a send item has issued its stores
   ll_dispatch_manifest,     // every receive item has its source's manifest word of the call
@@ -48,7 +48,7 @@ enum class TracePoint : int {
   ll_dispatch_outputs,      // the last CTA has written the per-expert outputs
   ll_dispatch_end,          // every CTA is done (the last one after recording the call as freed)
   ll_combine_start,         // LL combine (a launch with the sends, the receive step or both): its first CTA has started
-  ll_combine_free,          // every warp with a message to send has seen the set freed by every home rank
+  ll_combine_free,          // every warp with a message to send has seen the set freed by every peer (its first check)
   ll_combine_sent,          // every warp with a send item has issued its stores
   ll_combine_received,      // every warp has written its output columns (its rows' lines all came)
   ll_combine_end,           // every CTA is done (the last one after recording the call as freed)
@@ -56,7 +56,8 @@ enum class TracePoint : int {
 };
 inline constexpr int kTracePoints = int(TracePoint::count);
 // The trace words: kTracePoints for the team, then a row of kTracePoints per warp of the grid (warps
-// past kTraceWarps stamp only the team's).
+// past kTraceWarps stamp only the team's: with more than 256 CTAs of 16 warps the report's percentiles
+// cover the first 4096 warps).
 inline constexpr int kTraceWarps = 4096;
 inline constexpr int kTraceWords = kTracePoints * (1 + kTraceWarps);
 // Each point's name (what epx-bench --trace prints) and whether it keeps the earliest stamp (a kernel's
