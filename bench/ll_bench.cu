@@ -205,7 +205,7 @@ struct Traffic {
 };
 
 // One call's timings: one launch at a time, each after a team barrier (what the bench reports), and in
-// a row (GraphPair::time_in_a_row; left empty where not measured).
+// a row (GraphPair::time_in_a_row).
 struct CallTiming {
   Timing launch, in_a_row;
 };
@@ -352,20 +352,17 @@ class LlBench {
   // in L2 as they would in a decode step, and LL ops are bound by latency, not by HBM.
   std::vector<Measured> time_ops() {
     const LlCombineOrder local = LlCombineOrder::local, naive = LlCombineOrder::naive;
-    constexpr bool kInARow = true;
     std::vector<Measured> out;
-    out.push_back(measured("dispatch", "fp8", "", time_dispatch(true, kInARow), traffic_.dispatch(true)));
-    out.push_back(measured("dispatch", "bf16", "", time_dispatch(false, kInARow), traffic_.dispatch(false)));
+    out.push_back(measured("dispatch", "fp8", "", time_dispatch(true), traffic_.dispatch(true)));
+    out.push_back(measured("dispatch", "bf16", "", time_dispatch(false), traffic_.dispatch(false)));
     // The combines replay on the handle of one dispatch made here: no dispatch runs in between.
     const LlHandle handle = buffer_.dispatch(dispatch_args(false), Streams{stream()}).handle;
-    out.push_back(measured("combine", "bf16", "local", time_combine(local, handle, kInARow), traffic_.combine(local)));
-    out.push_back(measured("combine", "bf16", "naive", time_combine(naive, handle, kInARow), traffic_.combine(naive)));
-    const CallTiming both = time(
-        [&](cudaStream_t s) {
-          const LlHandle h = buffer_.dispatch(dispatch_args(true), Streams{s}).handle;
-          buffer_.combine(combine_args(local, h), Streams{s});
-        },
-        kInARow);
+    out.push_back(measured("combine", "bf16", "local", time_combine(local, handle), traffic_.combine(local)));
+    out.push_back(measured("combine", "bf16", "naive", time_combine(naive, handle), traffic_.combine(naive)));
+    const CallTiming both = time([&](cudaStream_t s) {
+      const LlHandle h = buffer_.dispatch(dispatch_args(true), Streams{s}).handle;
+      buffer_.combine(combine_args(local, h), Streams{s});
+    });
     const OpBytes d = traffic_.dispatch(true), c = traffic_.combine(local);
     out.push_back(measured("dispatch_combine", "fp8", "local", both, {d.nvlink + c.nvlink, d.algo + c.algo}));
     finish();
@@ -446,18 +443,17 @@ class LlBench {
     return a;
   }
 
-  CallTiming time(const std::function<void(cudaStream_t)>& call, bool in_a_row = false) {
+  CallTiming time(const std::function<void(cudaStream_t)>& call) {
     const GraphPair graphs(stream(), call);
     const auto barrier = [&](cudaStream_t s) { enqueue_team_barrier(team_, s); };
-    CallTiming t{graphs.time(stream(), o_.warmup, o_.replays, barrier), {}};
-    if (in_a_row) t.in_a_row = graphs.time_in_a_row(stream(), kLlInARowRounds, o_.replays, barrier);
-    return t;
+    return CallTiming{graphs.time(stream(), o_.warmup, o_.replays, barrier),
+                      graphs.time_in_a_row(stream(), kLlInARowRounds, o_.replays, barrier)};
   }
-  CallTiming time_dispatch(bool fp8, bool in_a_row = false) {
-    return time([&](cudaStream_t s) { buffer_.dispatch(dispatch_args(fp8), Streams{s}); }, in_a_row);
+  CallTiming time_dispatch(bool fp8) {
+    return time([&](cudaStream_t s) { buffer_.dispatch(dispatch_args(fp8), Streams{s}); });
   }
-  CallTiming time_combine(LlCombineOrder order, const LlHandle& handle, bool in_a_row = false) {
-    return time([&](cudaStream_t s) { buffer_.combine(combine_args(order, handle), Streams{s}); }, in_a_row);
+  CallTiming time_combine(LlCombineOrder order, const LlHandle& handle) {
+    return time([&](cudaStream_t s) { buffer_.combine(combine_args(order, handle), Streams{s}); });
   }
 
   void finish() {

@@ -55,9 +55,9 @@ namespace {
 constexpr int kThreads = 512;
 static_assert(kThreads >= kMaxNvlinkRanks, "send() loads one rank's mask per thread");
 constexpr int kWarps = kThreads / kWarp;
-// A send work item: 8 lines of one token's row (protocol.cuh's items).
-constexpr int kGroup = 128;                                                   // columns per FP8 scale
-constexpr int kItemGroups = kLinesPerItem * core::kLlLineDataBytes / kGroup;  // FP8: 7 groups an item
+constexpr int kGroup = 128;  // columns per FP8 scale
+// A send item is 8 lines of one token's row (protocol.cuh's items): for FP8, 7 whole scale groups.
+constexpr int kItemGroups = kLinesPerItem * core::kLlLineDataBytes / kGroup;
 static_assert(kItemGroups * kGroup == kLinesPerItem * core::kLlLineDataBytes, "an item holds whole FP8 groups");
 constexpr int kLineBatch = 4;  // line instructions (16 lines) each receiving warp loads before it stores
 constexpr float kAmaxFloor = 1e-4f;

@@ -109,8 +109,8 @@ __device__ __forceinline__ uint4 load_vector(const uint4* p) {
 // A warp moves lines in line instructions of 4 lines: lane i holds vector i % 8 of line 4 k + i / 8 of
 // instruction k (vector 7 is the stamp vector, its first word the stamp), so one store instruction
 // writes 4 whole lines. Both kernels' line work items (dispatch's send items, combine's items) are 8
-// lines of a row (instructions 2 g and 2 g + 1);
-// data vector v < 7 of line l holds row bytes [112 l + 16 v, +16).
+// lines of a row (instructions 2 g and 2 g + 1); data vector v < 7 of line l holds row bytes
+// [112 l + 16 v, +16).
 constexpr int kLinesPerInstruction = 4, kLinesPerItem = 8;
 constexpr int kDataVectors = core::kLlLineVectors - 1;  // vector 7 of a line is its stamp vector
 __device__ __forceinline__ int line_vector() { return int(threadIdx.x % kWarp) % core::kLlLineVectors; }
