@@ -44,6 +44,7 @@ struct LlCase {
   bool repeat_slot = false;          // every third token names its first expert again in its last slot
   bool roomy_buffer = false;         // buffer made for hidden 7168 and top-16, larger than the call's H and K
   std::string name;
+  int num_sms = 0;  // LlConfig::num_sms (0: the default grid)
 };
 
 inline void PrintTo(const LlCase& c, std::ostream* os) { *os << c.name; }

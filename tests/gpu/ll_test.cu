@@ -21,10 +21,12 @@ namespace {
 
 void run_rank(const LlCase& c, const LlExpected& x, Team& team, cudaStream_t stream) {
   const int rank = team.rank();
-  LlBuffer buffer(team, ll_buffer_options(c, x));
+  LlBuffer buffer(team, ll_buffer_options(c, x), LlConfig{c.num_sms});
   const LlRankInputs in = upload_ll_inputs(c, x, rank);
   const LlOutputs out = allocate_ll_outputs(c, x, buffer);
-  for (int round = 0; round < 2; ++round) {  // the second dispatch and combine use the other buffer set
+  // The second dispatch and combine use the other buffer set; the third reuses the first set, so its
+  // "set is free" check compares against a signal the peers sent (not the initial zeros).
+  for (int round = 0; round < 3; ++round) {
     ll_exchange_and_check(c, x, buffer, team, in, out, stream);
     buffer.check_errors();  // what a kernel recorded stays until reported
   }
@@ -70,6 +72,13 @@ std::vector<LlCase> cases() {
       {0, 128, 128, 2048, 16, 256, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "World_K16_Fp8"},
       {0, 77, 128, 2048, 12, 64, Rt::zipf, 0.1, P::bf16, true, true, false, true, false,
        "World_K12_Zipf_RepeatedExperts_Bf16_Int32"},
+      // The largest T_max (block rows up to 1023, many tokens per lane in the block-row count), and grids
+      // of 1 and 3 CTAs (one CTA sends the counts, writes the outputs and signals; warps take many items).
+      {0, 1024, 1024, 2048, 16, 64, Rt::zipf, 0.1, P::fp8, false, true, false, true, false,
+       "World_T1024_K16_Zipf_RepeatedExperts_Fp8"},
+      {0, 77, 128, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "World_OneSm_Fp8", 1},
+      {0, 128, 128, 4096, 8, 256, Rt::zipf, 0.1, P::bf16, true, true, false, true, false,
+       "World_ThreeSms_Zipf_RepeatedExperts_Bf16_Int32", 3},
       // One GPU, 2 ranks.
       {2, 77, 128, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu2_Uniform_Fp8"},
       {2, 128, 128, 2048, 8, 64, Rt::zipf, 0.1, P::fp8_ue8m0, true, true, true, false, false,
@@ -97,6 +106,7 @@ std::vector<LlCase> cases() {
        "SingleGpu4_OneToken_ExpertsEqualRanks"},
       {4, 32, 32, 2048, 16, 64, Rt::uniform, 0.1, P::fp8_ue8m0, false, true, false, false, false,
        "SingleGpu4_K16_Ue8m0"},
+      {4, 64, 64, 2048, 8, 64, Rt::zipf, 0.1, P::fp8, false, true, false, false, false, "SingleGpu4_OneSmEach_Fp8", 1},
       // One GPU, 8 ranks.
       {8, 32, 32, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu8_Uniform_Fp8"},
       {8, 32, 32, 2048, 8, kEq, Rt::uniform, 0.0, P::fp8_ue8m0, true, true, true, false, false,
