@@ -45,7 +45,8 @@
 //   * With send_only, the returned receive step must be run (exactly once) before the call of the same
 //     kind two calls later; capture a send_only call and its receive step in the same graph.
 //   * dispatch writes the caller's outputs during its receive step; combine reads y during its sends
-//     and writes out during its receive step. Rows past recv_count[e] are not written. A source with
+//     (a call without send_only: during its one kernel, its receive step included) and writes out
+//     during its receive step. Rows past recv_count[e] are not written. A source with
 //     no rows for expert e gets layout_range[e][s] = (rows of earlier sources, 0).
 // Every argument is checked before anything is launched; a bad one throws epx::Error naming it. What
 // only the device can see (an expert id outside [-1, E), an expired wait) is recorded and reported by

@@ -12,6 +12,8 @@
 //     local: p = 0; for its slots k ascending: p = fmaf(weight_k, y[entry_rows_k], p); the BF16 of p
 //            goes to combine_row(s, set, me, t) (a slot repeating an expert counts again, with its weight);
 //     naive: y[entry_rows_k] goes to combine_row(s, set, k, t) for every slot k.
+//   When the launch also runs the receive step (a call without send_only), the messages to me are not
+//   sent: the receive takes my own rows from y directly, the same values (own_rows_direct).
 //   Receive (home me): per token t and item of 8 lines, a warp waits for the item's lines of each row it
 //   adds (bounded, wait_for_words; a rank masked when the step starts is not read, one masked while
 //   the warp waits is left out) and
@@ -33,8 +35,9 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kColsPerVector = 8;  // 16 bytes of BF16
-constexpr int kRowsInFlight = 4;   // rows whose vectors a lane loads before it adds
+constexpr int kColsPerVector = 8;        // 16 bytes of BF16
+constexpr int kRowsInFlight = 4;         // rows whose vectors a lane loads before it adds (send)
+constexpr int kReceiveRowsInFlight = 2;  // the same in the receive (4 would spill: 128 registers)
 
 using core::LlHomeToken;
 
@@ -78,84 +81,118 @@ __device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, i
   store_lines(row, 2 * g, row_lines(p), x);
 }
 
+// What dispatch recorded of message (s, t) (its private record): its slots, and lane k's slot k packed
+// row and weight.
+struct MessageRecord {
+  uint32_t slots;
+  int32_t row_of_slot;
+  float weight_of_slot;
+};
+
+__device__ MessageRecord load_record(const CombineParams& p, int s, int t) {
+  const LlView& v = p.v;
+  const int k = int(threadIdx.x % kWarp) % core::kLlMaxTopk;
+  return MessageRecord{*v.message_slots_of(p.dispatch_set, s, t), v.entry_rows_of(p.dispatch_set, s, t)[k],
+                       v.entry_weights_of(p.dispatch_set, s, t)[k]};
+}
+
+// This lane's data columns of item g (line_col of its two lines; p.hidden for none: the stamp lanes).
+__device__ void item_cols(const CombineParams& p, int g, int (&col)[2]) {
+  const int vector = line_vector();
+#pragma unroll
+  for (int j = 0; j < 2; ++j) col[j] = vector < kDataVectors ? line_col(item_line(g, j)) : p.hidden;
+}
+
+// This lane's vectors of y's packed row `row` at `col` (zeros past the row).
+__device__ void load_y(const CombineParams& p, int32_t row, const int (&col)[2], uint4 (&data)[2]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    data[j] = col[j] < p.hidden ? *reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j])
+                                : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// Local order, the whole warp: this lane's vectors (at `col`) of message m's rows reduced, as BF16:
+// p = 0; for its slots k ascending: p = fmaf(weight_k, y[row_k], p). kRows rows' loads in flight at once.
+template <int kRows>
+__device__ void reduce_slots(const CombineParams& p, const MessageRecord& m, const int (&col)[2], uint4 (&sums)[2]) {
+  float acc[2][kColsPerVector] = {};
+  for (uint32_t rest = m.slots; rest != 0u;) {
+    int slot[kRows];
+    uint4 in[kRows][2];
+#pragma unroll
+    for (int b = 0; b < kRows; ++b) {
+      slot[b] = rest != 0u ? __ffs(rest) - 1 : -1;
+      rest &= rest - 1u;
+      const int32_t row = __shfl_sync(~0u, m.row_of_slot, max(slot[b], 0));
+      if (slot[b] >= 0) load_y(p, row, col, in[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < kRows; ++b) {
+      const float w = __shfl_sync(~0u, m.weight_of_slot, max(slot[b], 0));
+      if (slot[b] < 0) continue;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (col[j] >= p.hidden) continue;
+#pragma unroll
+        for (int i = 0; i < kColsPerVector; ++i) acc[j][i] = __fmaf_rn(w, bf16_at(in[b][j], i), acc[j][i]);
+      }
+    }
+  }
+  sums[0] = to_bf16(acc[0]);
+  sums[1] = to_bf16(acc[1]);
+}
+
 // One warp, part `part` of `parts` of message (s, t): its lines of the message's rows back to the home
 // rank s (local order: reduced; naive: one row per slot). Returns false when the team failed.
 // `sent`: set when the warp stores anything.
 __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t, int part, int parts, SetFree& free,
                              bool& sent) {
   const LlView& v = p.v;
-  const int me = v.team.rank, lane = threadIdx.x % kWarp;
+  const int me = v.team.rank;
   const uint32_t stamp = core::ll_stamp(cseq);
-  const uint32_t slots = *v.message_slots_of(p.dispatch_set, s, t);
-  const int k = lane % core::kLlMaxTopk;
-  const int32_t row_of_slot = v.entry_rows_of(p.dispatch_set, s, t)[k];
-  const float weight_of_slot = v.entry_weights_of(p.dispatch_set, s, t)[k];
-  const bool home_masked = is_masked(v, s);     // loaded with the record, not after it
-  if (slots == 0u || home_masked) return true;  // no message from (s, t) in that dispatch, or s is masked
+  const MessageRecord m = load_record(p, s, t);
+  const bool home_masked = is_masked(v, s);       // loaded with the record, not after it
+  if (m.slots == 0u || home_masked) return true;  // no message from (s, t) in that dispatch, or s is masked
   if (!ensure_set_free<transport::TracePoint::ll_combine_free>(v, core::kLlCombine, p.set, cseq, free)) return false;
   sent = true;
-  const int items = row_items(p), vector = line_vector();
+  const int items = row_items(p);
   for (int g = part; g < items; g += parts) {
     int col[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      col[j] = vector < kDataVectors ? line_col(item_line(g, j)) : p.hidden;  // the stamp lane loads nothing
+    item_cols(p, g, col);
+    uint4 data[2];
     if (p.naive) {
-      for (uint32_t rest = slots; rest != 0u; rest &= rest - 1u) {
+      for (uint32_t rest = m.slots; rest != 0u; rest &= rest - 1u) {
         const int slot = __ffs(rest) - 1;
-        const int32_t row = __shfl_sync(~0u, row_of_slot, slot);
-        uint4 data[2] = {};
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          if (col[j] < p.hidden) data[j] = *reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j]);
-        }
+        load_y(p, __shfl_sync(~0u, m.row_of_slot, slot), col, data);
         store_item(p, v.combine_row(s, p.set, slot, t), stamp, g, col, data);
       }
       continue;
     }
-    float acc[2][kColsPerVector] = {};
-    for (uint32_t rest = slots; rest != 0u;) {
-      int slot[kRowsInFlight];
-      uint4 in[kRowsInFlight][2];
-#pragma unroll
-      for (int b = 0; b < kRowsInFlight; ++b) {
-        slot[b] = rest != 0u ? __ffs(rest) - 1 : -1;
-        rest &= rest - 1u;
-        const int32_t row = __shfl_sync(~0u, row_of_slot, max(slot[b], 0));
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          if (slot[b] >= 0 && col[j] < p.hidden)
-            in[b][j] = *reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j]);
-        }
-      }
-#pragma unroll
-      for (int b = 0; b < kRowsInFlight; ++b) {
-        const float w = __shfl_sync(~0u, weight_of_slot, max(slot[b], 0));
-        if (slot[b] < 0) continue;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          if (col[j] >= p.hidden) continue;
-#pragma unroll
-          for (int i = 0; i < kColsPerVector; ++i) acc[j][i] = __fmaf_rn(w, bf16_at(in[b][j], i), acc[j][i]);
-        }
-      }
-    }
-    const uint4 sums[2] = {to_bf16(acc[0]), to_bf16(acc[1])};
-    store_item(p, v.combine_row(s, p.set, me, t), stamp, g, col, sums);
+    reduce_slots<kRowsInFlight>(p, m, col, data);
+    store_item(p, v.combine_row(s, p.set, me, t), stamp, g, col, data);
   }
   return true;
 }
 
+// Whether this launch also runs the receive step: then the home rank takes its own rows (its tokens'
+// experts on this rank) from y in its receive step instead of sending them to itself through the set.
+__device__ bool own_rows_direct(const CombineParams& p) { return (p.phases & kSend) && (p.phases & kReceive); }
+
 __device__ void send(const CombineParams& p, uint64_t cseq) {
   const LlView& v = p.v;
-  const int messages = v.team.nranks * v.max_tokens;
+  const int me = v.team.rank;
+  const bool direct = own_rows_direct(p);
+  const int messages = (direct ? v.team.nranks - 1 : v.team.nranks) * v.max_tokens;  // to every home rank but me
   const int warps = gridDim.x * kWarps;
-  const int parts = max(1, min(warps / messages, row_items(p)));  // about one work item per warp
+  const int parts = max(1, min(warps / max(messages, 1), row_items(p)));  // about one work item per warp
   SetFree free = load_set_free(v, core::kLlCombine, p.set);
   bool ok = true, sent = false;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = item / parts;
-    ok = send_message(p, cseq, message / v.max_tokens, message % v.max_tokens, item % parts, parts, free, sent);
+    int s = message / v.max_tokens;
+    if (direct && s >= me) ++s;
+    ok = send_message(p, cseq, s, message % v.max_tokens, item % parts, parts, free, sent);
   }
   if (sent && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_sent>(v.team);
 }
@@ -172,13 +209,23 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
   // The rows t adds: local order, one per destination rank (row r); naive, one per valid slot (row k).
   const int rows = p.naive ? __popc(home.slots) : home.num_ranks;
   uint32_t naive_rest = home.slots;
+  // My own rows (own_rows_direct): the record of my message to myself; local order, its partial row now.
+  const bool direct = own_rows_direct(p);
+  int col[2];
+  item_cols(p, g, col);
+  MessageRecord mine{0u, 0, 0.0f};
+  uint4 own[2] = {};
+  if (direct) {
+    mine = load_record(p, me, t);
+    if (!p.naive && mine.slots != 0u) reduce_slots<kReceiveRowsInFlight>(p, mine, col, own);
+  }
   float acc[2][kColsPerVector] = {};
-  for (int i0 = 0; i0 < rows; i0 += kRowsInFlight) {
-    uint4 in[kRowsInFlight][2] = {};
-    int rank[kRowsInFlight], slot[kRowsInFlight];
-    bool here[kRowsInFlight];
+  for (int i0 = 0; i0 < rows; i0 += kReceiveRowsInFlight) {
+    uint4 in[kReceiveRowsInFlight][2] = {};
+    int rank[kReceiveRowsInFlight], slot[kReceiveRowsInFlight];
+    bool here[kReceiveRowsInFlight];
 #pragma unroll
-    for (int b = 0; b < kRowsInFlight; ++b) {
+    for (int b = 0; b < kReceiveRowsInFlight; ++b) {
       slot[b] = -1;
       rank[b] = -1;
       if (i0 + b < rows) {
@@ -192,11 +239,21 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         }
         if (masked[rank[b]]) rank[b] = -1;
       }
+      if (direct && rank[b] == me) {
+        if (p.naive) {
+          load_y(p, __shfl_sync(~0u, mine.row_of_slot, slot[b]), col, in[b]);
+        } else {
+          in[b][0] = own[0];
+          in[b][1] = own[1];
+        }
+        here[b] = true;
+        continue;
+      }
       here[b] = rank[b] < 0 ||
                 load_lines(v.combine_row(me, p.set, max(slot[b], 0), t), 2 * g, 2 * g + 2, lines, stamp, in[b]);
     }
 #pragma unroll
-    for (int b = 0; b < kRowsInFlight; ++b) {
+    for (int b = 0; b < kReceiveRowsInFlight; ++b) {
       if (rank[b] < 0) continue;
       if (!here[b]) {
         const uint4* row = v.combine_row(me, p.set, slot[b], t);
@@ -218,12 +275,9 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
       }
     }
   }
-  const int vector = line_vector();
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const int col = line_col(item_line(g, j));
-    if (vector < kDataVectors && col < p.hidden)
-      *reinterpret_cast<uint4*>(p.out + t * p.out_row_stride + col) = to_bf16(acc[j]);
+    if (col[j] < p.hidden) *reinterpret_cast<uint4*>(p.out + t * p.out_row_stride + col[j]) = to_bf16(acc[j]);
   }
   return true;
 }
@@ -237,8 +291,12 @@ __device__ void receive(const CombineParams& p, uint64_t cseq) {
   __syncthreads();
   const int per_row = row_items(p);
   const int items = p.num_tokens * per_row;
+  // Receive items go to the warps from the grid's end: sends take warps from its start, so when the
+  // work is smaller than the grid (few tokens) a warp's own rows (own_rows_direct) do not wait for its
+  // send item.
+  const int first = (gridDim.x - 1 - blockIdx.x) * kWarps + threadIdx.x / kWarp;
   bool ok = true;
-  for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < items; item += gridDim.x * kWarps) {
+  for (int item = first; ok && item < items; item += gridDim.x * kWarps) {
     ok = receive_item(p, masked, stamp, item / per_row, item % per_row);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
