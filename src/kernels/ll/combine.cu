@@ -13,7 +13,8 @@
 //            goes to combine_row(s, set, me, t) (a slot repeating an expert counts again, with its weight);
 //     naive: y[entry_rows_k] goes to combine_row(s, set, k, t) for every slot k.
 //   When the launch also runs the receive step (a call without send_only), the messages to me are not
-//   sent: the receive takes my own rows from y directly, the same values (own_rows_direct).
+//   sent: the receive takes my own rows from y directly, the same values (own_rows_direct); in local
+//   order each warp reduces its first receive item's own rows before its sends (early_own_rows).
 //   Receive (home me): per token t and item of 8 lines, a warp waits for the item's lines of each row it
 //   adds (bounded, wait_for_words; a rank masked when the step starts is not read, one masked while
 //   the warp waits is left out) and
@@ -146,6 +147,7 @@ __device__ void reduce_slots(const CombineParams& p, const MessageRecord& m, con
 // One warp, part `part` of `parts` of message (s, t): its lines of the message's rows back to the home
 // rank s (local order: reduced; naive: one row per slot). Returns false when the team failed.
 // `sent`: set when the warp stores anything.
+template <bool kNaive>
 __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t, int part, int parts, SetFree& free,
                              bool& sent) {
   const LlView& v = p.v;
@@ -161,7 +163,7 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
     int col[2];
     item_cols(p, g, col);
     uint4 data[2];
-    if (p.naive) {
+    if (kNaive) {
       for (uint32_t rest = m.slots; rest != 0u; rest &= rest - 1u) {
         const int slot = __ffs(rest) - 1;
         load_y(p, __shfl_sync(~0u, m.row_of_slot, slot), col, data);
@@ -177,8 +179,14 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
 
 // Whether this launch also runs the receive step: then the home rank takes its own rows (its tokens'
 // experts on this rank) from y in its receive step instead of sending them to itself through the set.
-__device__ bool own_rows_direct(const CombineParams& p) { return (p.phases & kSend) && (p.phases & kReceive); }
+__host__ __device__ bool own_rows_direct(const CombineParams& p) { return (p.phases & kSend) && (p.phases & kReceive); }
+// Local order with own_rows_direct: each warp reduces its first receive item's own rows before its
+// sends (they need neither the set nor the peers), so that the receive finds them ready. The lanes keep
+// them in dynamic shared memory (kEarlyOwnBytes), each its own two vectors (no barrier).
+__host__ __device__ bool early_own_rows(const CombineParams& p) { return own_rows_direct(p) && !p.naive; }
+constexpr std::size_t kEarlyOwnBytes = std::size_t(kThreads) * 2 * sizeof(uint4);
 
+template <bool kNaive>
 __device__ void send(const CombineParams& p, uint64_t cseq) {
   const LlView& v = p.v;
   const int me = v.team.rank;
@@ -192,32 +200,56 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
     const int message = item / parts;
     int s = message / v.max_tokens;
     if (direct && s >= me) ++s;
-    ok = send_message(p, cseq, s, message % v.max_tokens, item % parts, parts, free, sent);
+    ok = send_message<kNaive>(p, cseq, s, message % v.max_tokens, item % parts, parts, free, sent);
   }
   if (sent && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_sent>(v.team);
 }
 
 // ---- Receive ----
 
-// One warp: item g of out[t]. `masked`: the CTA's view of the mask when the step started. Returns false
-// when the team failed.
-__device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_t stamp, int t, int g) {
+// The warp's first receive item: receive items go to the warps from the grid's end, sends take warps
+// from its start, so when the work is smaller than the grid (few tokens) a warp's own rows
+// (own_rows_direct) do not wait for its send item.
+__device__ int first_receive_item() { return (gridDim.x - 1 - blockIdx.x) * kWarps + threadIdx.x / kWarp; }
+__device__ int receive_items(const CombineParams& p) { return p.num_tokens * row_items(p); }
+
+// Local order, own_rows_direct: this lane's vectors (at `col`) of my message to myself for token t,
+// reduced (zeros where I sent myself nothing), kRows rows' loads in flight.
+template <int kRows>
+__device__ void own_partial(const CombineParams& p, int t, const int (&col)[2], uint4 (&own)[2]) {
+  const MessageRecord mine = load_record(p, p.v.team.rank, t);
+  own[0] = own[1] = make_uint4(0u, 0u, 0u, 0u);
+  if (mine.slots != 0u) reduce_slots<kRows>(p, mine, col, own);
+}
+
+// One warp: item g of out[t]. `masked`: the CTA's view of the mask when the step started; `own_ready`:
+// this lane's own_partial of the item when the kernel made it already, else null. Returns false when
+// the team failed.
+template <bool kNaive>
+__device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_t stamp, int t, int g,
+                             const uint4* own_ready) {
   const LlView& v = p.v;
   const int me = v.team.rank;
   const int lines = row_lines(p);
   const LlHomeToken home = *v.home_of(p.dispatch_set, t);
   // The rows t adds: local order, one per destination rank (row r); naive, one per valid slot (row k).
-  const int rows = p.naive ? __popc(home.slots) : home.num_ranks;
+  const int rows = kNaive ? __popc(home.slots) : home.num_ranks;
   uint32_t naive_rest = home.slots;
-  // My own rows (own_rows_direct): the record of my message to myself; local order, its partial row now.
+  // My own rows (own_rows_direct): naive, the record of my message to myself; local order, its partial
+  // row (own_partial) now.
   const bool direct = own_rows_direct(p);
   int col[2];
   item_cols(p, g, col);
   MessageRecord mine{0u, 0, 0.0f};
   uint4 own[2] = {};
-  if (direct) {
-    mine = load_record(p, me, t);
-    if (!p.naive && mine.slots != 0u) reduce_slots<kReceiveRowsInFlight>(p, mine, col, own);
+  if (direct && kNaive) mine = load_record(p, me, t);
+  if (direct && !kNaive) {
+    if (own_ready != nullptr) {
+      own[0] = own_ready[0];
+      own[1] = own_ready[1];
+    } else {
+      own_partial<kReceiveRowsInFlight>(p, t, col, own);
+    }
   }
   float acc[2][kColsPerVector] = {};
   for (int i0 = 0; i0 < rows; i0 += kReceiveRowsInFlight) {
@@ -229,7 +261,7 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
       slot[b] = -1;
       rank[b] = -1;
       if (i0 + b < rows) {
-        if (p.naive) {
+        if (kNaive) {
           slot[b] = __ffs(naive_rest) - 1;
           naive_rest &= naive_rest - 1u;
           rank[b] = home.slot_ranks[slot[b]];
@@ -240,7 +272,7 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         if (masked[rank[b]]) rank[b] = -1;
       }
       if (direct && rank[b] == me) {
-        if (p.naive) {
+        if (kNaive) {
           load_y(p, __shfl_sync(~0u, mine.row_of_slot, slot[b]), col, in[b]);
         } else {
           in[b][0] = own[0];
@@ -264,13 +296,13 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         if (got == PeerWait::failed) return false;
         if (got == PeerWait::masked) continue;  // masked while this warp waited: left out
       }
-      const float w = p.naive ? p.weights[t * p.weights_row_stride + slot[b]] : 1.0f;
+      const float w = kNaive ? p.weights[t * p.weights_row_stride + slot[b]] : 1.0f;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
 #pragma unroll
         for (int i = 0; i < kColsPerVector; ++i) {
           acc[j][i] =
-              p.naive ? __fmaf_rn(w, bf16_at(in[b][j], i), acc[j][i]) : __fadd_rn(acc[j][i], bf16_at(in[b][j], i));
+              kNaive ? __fmaf_rn(w, bf16_at(in[b][j], i), acc[j][i]) : __fadd_rn(acc[j][i], bf16_at(in[b][j], i));
         }
       }
     }
@@ -282,42 +314,58 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
   return true;
 }
 
-__device__ void receive(const CombineParams& p, uint64_t cseq) {
+// `own_first`: the warp's first item's own_partial (every lane's two vectors), or null.
+template <bool kNaive>
+__device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own_first)[2]) {
   const LlView& v = p.v;
   const int R = v.team.nranks;
   const uint32_t stamp = core::ll_stamp(cseq);
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask (protocol.cuh)
   for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
   __syncthreads();
-  const int per_row = row_items(p);
-  const int items = p.num_tokens * per_row;
-  // Receive items go to the warps from the grid's end: sends take warps from its start, so when the
-  // work is smaller than the grid (few tokens) a warp's own rows (own_rows_direct) do not wait for its
-  // send item.
-  const int first = (gridDim.x - 1 - blockIdx.x) * kWarps + threadIdx.x / kWarp;
+  const int per_row = row_items(p), items = receive_items(p), first = first_receive_item();
   bool ok = true;
   for (int item = first; ok && item < items; item += gridDim.x * kWarps) {
-    ok = receive_item(p, masked, stamp, item / per_row, item % per_row);
+    const uint4* own_ready = item == first && own_first != nullptr ? own_first[threadIdx.x] : nullptr;
+    ok = receive_item<kNaive>(p, masked, stamp, item / per_row, item % per_row, own_ready);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
   last_cta_records_freed(v, v.blocks_done_of(core::kLlCombine), core::kLlCombine, p.set, cseq);
 }
 
+// kNaive: p.naive, a kernel of its own for each order.
+template <bool kNaive>
 __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_start>(p.v.team);
   if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlCombine);
   const uint64_t cseq = call_sequence(p.v, core::kLlCombine, p.set);
-  if (p.phases & kSend) send(p, cseq);
-  if (p.phases & kReceive) receive(p, cseq);
+  extern __shared__ uint4 early_own_shared[];  // kEarlyOwnBytes where early_own_rows(p)
+  uint4(*own_first)[2] = reinterpret_cast<uint4(*)[2]>(early_own_shared);
+  const bool early_own = !kNaive && own_rows_direct(p) && first_receive_item() < receive_items(p);  // early_own_rows
+  if (early_own) {
+    const int item = first_receive_item();
+    int col[2];
+    item_cols(p, item % row_items(p), col);
+    own_partial<kRowsInFlight>(p, item / row_items(p), col, own_first[threadIdx.x]);
+  }
+  if (p.phases & kSend) send<kNaive>(p, cseq);
+  if (p.phases & kReceive) receive<kNaive>(p, cseq, early_own ? own_first : nullptr);
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_end>(p.v.team);
 }
 
 }  // namespace
 
-void load_combine_kernel() { detail::load_kernel(reinterpret_cast<const void*>(combine_kernel), "LL combine kernel"); }
+void load_combine_kernel() {
+  detail::load_kernel(reinterpret_cast<const void*>(combine_kernel<false>), "LL combine kernel (local order)");
+  detail::load_kernel(reinterpret_cast<const void*>(combine_kernel<true>), "LL combine kernel (naive order)");
+}
 
 void launch_combine(const CombineParams& params, int num_blocks, cudaStream_t stream) {
-  combine_kernel<<<num_blocks, kThreads, 0, stream>>>(params);
+  if (params.naive) {
+    combine_kernel<true><<<num_blocks, kThreads, 0, stream>>>(params);
+  } else {
+    combine_kernel<false><<<num_blocks, kThreads, early_own_rows(params) ? kEarlyOwnBytes : 0, stream>>>(params);
+  }
   detail::check_launch("LL combine kernel");
 }
 
