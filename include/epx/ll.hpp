@@ -43,7 +43,9 @@
 //     combine refuses a handle whose set has been reused since. A graph that replays a dispatch
 //     without its combine makes the handles captured with it stale in the same way (unchecked there).
 //   * With send_only, the returned receive step must be run (exactly once) before the call of the same
-//     kind two calls later; capture a send_only call and its receive step in the same graph.
+//     kind two calls later; capture a send_only call and its receive step in the same graph. A combine's
+//     receive step reads its handle's routing, so it must also run while the handle lasts (before the
+//     dispatch two calls after the handle's).
 //   * dispatch writes the caller's outputs during its receive step; combine reads y during its sends
 //     (a call without send_only: during its one kernel, its receive step included) and writes out
 //     during its receive step. Rows past recv_count[e] are not written. A source with

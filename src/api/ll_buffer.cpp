@@ -89,7 +89,8 @@ struct LlBuffer::Impl {
   int next_set(SetState* sets, uint64_t& calls_made, const char* what);
   // Masks (or unmasks) ranks [first, last) but this one, ordered with the buffer's calls on `on`.
   void update_rank_mask(int first, int last, bool masked, cudaStream_t on, const char* what);
-  std::function<void()> receive_step(SetState& state, const Streams& streams, std::function<void(cudaStream_t)> launch);
+  std::function<void()> receive_step(SetState& state, const Streams& streams, std::function<void(cudaStream_t)> launch,
+                                     const SetState* routing = nullptr);
 };
 
 LlConfig LlBuffer::Impl::resolve(const LlConfig& requested) const {
@@ -137,15 +138,21 @@ int LlBuffer::Impl::next_set(SetState* sets, uint64_t& calls_made, const char* w
   return set;
 }
 
-// With send_only: the closure that launches the receive step on the caller's stream, once.
+// With send_only: the closure that launches the receive step on the caller's stream, once. `routing`:
+// the dispatch set whose routing the step reads (a combine's: its handle's), which no later dispatch
+// may have reused by then.
 std::function<void()> LlBuffer::Impl::receive_step(SetState& state, const Streams& streams,
-                                                   std::function<void(cudaStream_t)> launch) {
+                                                   std::function<void(cudaStream_t)> launch, const SetState* routing) {
   state.receive_pending = true;
   const uint64_t generation = state.generation;
-  return [this, &state, generation, stream = streams.stream, launch = std::move(launch)] {
+  const uint64_t routing_generation = routing != nullptr ? routing->generation : 0;
+  return [this, &state, generation, routing, routing_generation, stream = streams.stream, launch = std::move(launch)] {
     detail::ScopedRank scoped(team.rank());
     EPX_REQUIRE(state.generation == generation && state.receive_pending,
                 "LL receive step: already run, or its buffer set has been reused since");
+    EPX_REQUIRE(routing == nullptr || routing->generation == routing_generation,
+                "LL combine receive step: its handle's dispatch buffer set has been reused by a later dispatch; run "
+                "the step before the dispatch two calls after the handle's (as long as the handle lasts)");
     const Streams on{stream};
     const cudaStream_t s = calls.begin(on, "LL receive");
     launch(s);
@@ -426,8 +433,8 @@ LlCombineResult LlBuffer::combine(const LlCombineArgs& args, const Streams& stre
   LlCombineResult result;
   if (args.send_only) {
     p.phases = kl::kReceive;
-    result.receive = im.receive_step(im.combine_sets[set], streams,
-                                     [p, blocks](cudaStream_t s) { kl::launch_combine(p, blocks, s); });
+    result.receive = im.receive_step(
+        im.combine_sets[set], streams, [p, blocks](cudaStream_t s) { kl::launch_combine(p, blocks, s); }, &dispatched);
   }
   result.finished = im.calls.end(streams, stream);
   return result;

@@ -17,7 +17,8 @@
 //                    8 i + j's stamp vector (8 lines carry 896 FP8 columns: 7 scale groups)
 //   combine_rows     lines [set][S][T_max][ll_row_lines(2 H)], S = max(R, K_max), kLlLineBytes each:
 //                    row (r, t) is expert side r's partial sum (BF16) of my token t (local order), row
-//                    (k, t) the output of my token t's slot k (naive); every line carries its call's stamp
+//                    (k, t) the output of my token t's slot k (naive); every line carries its call's stamp (rows
+//                    from me to myself travel here only in send_only calls: kernels/ll/combine.cu)
 // Private (this rank's kernels only):
 //   blocks_done      uint32 [op]: CTAs done with the running receive step (zero between kernels)
 //   pending_freed    uint64 [op]: the receive step whose "freed" signals to the peers the next kernel of

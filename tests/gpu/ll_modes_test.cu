@@ -352,6 +352,19 @@ TEST(LlValidation, BadArgumentsAreRefusedBeforeLaunch) {
     check_ll_dispatch(c, rig.x[0], rank, rig.out[0]);
     check_ll_combine(c, rig.x[0], rank, rig.out[0], LlCombineOrder::local);
 
+    // A send_only combine's receive step reads its handle's routing: once the dispatch two calls after
+    // the handle's has reused that buffer set, the step is refused.
+    const LlDispatchResult routed = rig.dispatch(rig.dispatch_args(0), on);
+    LlCombineArgs sends = rig.combine_args(0, routed.handle, LlCombineOrder::local);
+    sends.send_only = true;
+    const LlCombineResult split = rig.combine(sends, on);
+    ASSERT_TRUE(split.receive) << "rank " << rank;
+    for (int i = 0; i < 2; ++i) rig.dispatch(rig.dispatch_args(0), on);
+    expect_error(
+        ErrorKind::invalid_argument, {"combine receive step", "dispatch", "reused"}, [&] { split.receive(); },
+        "rank " + std::to_string(rank));
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+
     const LlBufferOptions good = ll_buffer_options(c, rig.x[0]);
     const auto refused = [&](const std::function<void(LlBufferOptions&)>& edit, const char* word) {
       LlBufferOptions o = good;

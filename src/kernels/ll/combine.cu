@@ -20,8 +20,11 @@
 //   the warp waits is left out) and
 //     out[t] = BF16 of: local: the sum of float(combine_row(me, set, r, t)) over t's ranks r ascending
 //     (home(dset, t)); naive: fmaf(w[t][k], float(combine_row(me, set, k, t)), acc) over t's valid
-//     slots k ascending. A token with no expert gets 0. Then the last CTA records the call as freed;
-//     the signals go out at the start of this rank's next combine (protocol.cuh).
+//     slots k ascending. A token with no expert gets 0. With own_rows_direct the terms of r = me
+//     (naive: of t's slots on me) come from y and the dispatch's private record of message (me, t)
+//     (own_partial: the send's reduce), and wait for nothing; rows (me, set, me or k, t) are then not
+//     written and keep an older call's stamp. Then the last CTA records the call as freed; the
+//     signals go out at the start of this rank's next combine (protocol.cuh).
 #include <cuda_bf16.h>
 
 #include "core/cuda_check.hpp"
@@ -37,7 +40,7 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kColsPerVector = 8;        // 16 bytes of BF16
-constexpr int kRowsInFlight = 4;         // rows whose vectors a lane loads before it adds (send)
+constexpr int kRowsInFlight = 4;         // rows whose vectors a lane loads before it adds (send, early own)
 constexpr int kReceiveRowsInFlight = 2;  // the same in the receive (4 would spill: 128 registers)
 
 using core::LlHomeToken;
@@ -93,6 +96,7 @@ struct MessageRecord {
 __device__ MessageRecord load_record(const CombineParams& p, int s, int t) {
   const LlView& v = p.v;
   const int k = int(threadIdx.x % kWarp) % core::kLlMaxTopk;
+  if (k >= v.max_topk) return MessageRecord{*v.message_slots_of(p.dispatch_set, s, t), 0, 0.0f};  // past the record
   return MessageRecord{*v.message_slots_of(p.dispatch_set, s, t), v.entry_rows_of(p.dispatch_set, s, t)[k],
                        v.entry_weights_of(p.dispatch_set, s, t)[k]};
 }
@@ -208,13 +212,13 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
 // ---- Receive ----
 
 // The warp's first receive item: receive items go to the warps from the grid's end, sends take warps
-// from its start, so when the work is smaller than the grid (few tokens) a warp's own rows
-// (own_rows_direct) do not wait for its send item.
+// from its start, so when the work is smaller than the grid (few tokens) a receive item does not wait
+// for a send item of its warp (naive order's own rows; local order's first item has them early).
 __device__ int first_receive_item() { return (gridDim.x - 1 - blockIdx.x) * kWarps + threadIdx.x / kWarp; }
 __device__ int receive_items(const CombineParams& p) { return p.num_tokens * row_items(p); }
 
 // Local order, own_rows_direct: this lane's vectors (at `col`) of my message to myself for token t,
-// reduced (zeros where I sent myself nothing), kRows rows' loads in flight.
+// reduced (zeros where dispatch brought me nothing from myself: slots 0), kRows rows' loads in flight.
 template <int kRows>
 __device__ void own_partial(const CombineParams& p, int t, const int (&col)[2], uint4 (&own)[2]) {
   const MessageRecord mine = load_record(p, p.v.team.rank, t);

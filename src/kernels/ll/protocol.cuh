@@ -243,9 +243,9 @@ __device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_
   });
 }
 
-// One thread of every kernel of op, first (thread 0 of a CTA with little else to do, which each kernel
-// picks: work items go to CTAs in order, so the last ones have the least): sends the "freed" signals of the op's
-// receive step recorded by an earlier kernel (last_cta_records_freed) to every peer not masked now, and clears the
+// One thread of every kernel of op, first (thread 0 of a CTA each kernel picks, before that CTA's work:
+// dispatch's second-to-last, combine's last): sends the "freed" signals of the op's receive step
+// recorded by an earlier kernel (last_cta_records_freed) to every peer not masked now, and clears the
 // record. Kernels of one op on a buffer never overlap (calls are stream-ordered, and a graph captures them in order),
 // and this kernel's own record, if any, comes after every CTA's count (the acquire-release chain above).
 __device__ inline void signal_pending_freed(const LlView& v, int op) {
