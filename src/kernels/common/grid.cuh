@@ -53,7 +53,7 @@ __device__ bool last_cta_done(uint32_t* blocks_done, uint32_t* work_claimed = nu
       __threadfence_system();
       before = atomicAdd(blocks_done, 1u);
     } else {
-      asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(blocks_done) : "memory");
+      before = transport::add_acq_rel_gpu(blocks_done, 1u);
     }
     last = before == gridDim.x - 1;
     if (last) {
@@ -74,7 +74,7 @@ template <LastCta kOrder = LastCta::publishes, typename Signal>
 __device__ bool signal_when_last(const transport::TeamView& team, uint32_t* blocks_done, Signal signal,
                                  uint32_t* work_claimed = nullptr) {
   __shared__ bool signalled;
-  const bool failed = threadIdx.x == 0 && team_failed(team);            // loaded early: hidden behind the fences
+  const bool failed = threadIdx.x == 0 && team_failed(team);            // loaded early: hidden behind the count
   if (!last_cta_done<kOrder>(blocks_done, work_claimed)) return false;  // the same answer on every thread of a CTA
   if (threadIdx.x == 0) {
     signalled = !failed;

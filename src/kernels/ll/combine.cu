@@ -293,10 +293,9 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
       if (rank[b] < 0) continue;
       if (!here[b]) {
         const uint4* row = v.combine_row(me, p.set, slot[b], t);
-        const PeerWait got = wait_for_words<true>(
-            v, rank[b], stamp, [&] { return load_lines(row, 2 * g, 2 * g + 2, lines, stamp, in[b]); },
-            [&] { return core::stamped(first_missing_stamp(in[b], 2 * g, 2 * g + 2, lines, stamp), 0u); },
-            transport::WaitSite{transport::WaitPhase::ll_combine_recv, rank[b], uint32_t(t)});
+        const PeerWait got =
+            wait_for_lines(v, rank[b], row, 2 * g, 2 * g + 2, lines, stamp, in[b],
+                           transport::WaitSite{transport::WaitPhase::ll_combine_recv, rank[b], uint32_t(t)});
         if (got == PeerWait::failed) return false;
         if (got == PeerWait::masked) continue;  // masked while this warp waited: left out
       }

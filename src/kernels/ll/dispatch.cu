@@ -316,6 +316,11 @@ __device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g,
   __syncwarp();  // every lane has read the amax before the warp's next item resets it
 }
 
+// Before a warp's first remote store of the call: the set is free at every peer (ensure_set_free).
+__device__ bool set_free(const DispatchParams& p, uint64_t seq, SetFree& free) {
+  return ensure_set_free<transport::TracePoint::ll_dispatch_free>(p.v, core::kLlDispatch, p.set, seq, free);
+}
+
 // Lane k < K: slot k's expert (-1: none) and its rank (-1: none); `leaders`: the lowest lane of each
 // destination rank of token t, from the staged table.
 struct TokenRanks {
@@ -337,7 +342,7 @@ __device__ bool send_routing(const DispatchParams& p, const int16_t* experts, ui
                              SetFree& free) {
   const TokenRanks to = token_ranks(p, experts, t);
   const Routing routing = token_routing(p, experts, t, to.expert, to.rank, weight);
-  if (!ensure_set_free<transport::TracePoint::ll_dispatch_free>(p.v, core::kLlDispatch, p.set, seq, free)) return false;
+  if (!set_free(p, seq, free)) return false;
   write_headers(p, core::ll_stamp(seq), t, to.rank, to.leaders, routing);
   write_home(p, t, to.rank, to.leaders);
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_routing>(p.v.team);
@@ -349,7 +354,7 @@ __device__ bool send_routing(const DispatchParams& p, const int16_t* experts, ui
 __device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int g,
                           const uint4 (&x)[2], SetFree& free) {
   const TokenRanks to = token_ranks(p, experts, t);
-  if (!ensure_set_free<transport::TracePoint::ll_dispatch_free>(p.v, core::kLlDispatch, p.set, seq, free)) return false;
+  if (!set_free(p, seq, free)) return false;
   const int lines = row_lines(p);
   for (uint32_t rest = to.leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, to.rank, __ffs(rest) - 1);
@@ -377,13 +382,13 @@ __device__ bool send_counts_and_manifests(const DispatchParams& p, const int16_t
     if (e >= 0 && !repeated) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
-  if (!ensure_set_free<transport::TracePoint::ll_dispatch_free>(v, core::kLlDispatch, p.set, seq, free)) return false;
+  if (!set_free(p, seq, free)) return false;
   for (int e = threadIdx.x; e < v.num_experts; e += blockDim.x) {
     if (!masked[e / E_local])
       store_word(v.expert_counts_of(e / E_local, p.set, v.team.rank) + e % E_local, core::stamped(stamp, counts[e]));
   }
   // Manifests: a warp per (rank, word); lane i looks at token 32 j + i.
-  const int words = (v.max_tokens + kWarp - 1) / kWarp;
+  const int words = core::ll_manifest_words(v.max_tokens);
   for (int item = threadIdx.x / kWarp; item < v.team.nranks * words; item += kWarps) {
     const int r = item / words, j = item % words, t = j * kWarp + lane;
     if (masked[r]) continue;
@@ -609,10 +614,8 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
     if (base != first) here = load_lines(payload, base, batch_end, lines, stamp, x);
     const PeerWait got =
         here ? PeerWait::arrived
-             : wait_for_words<true>(
-                   v, s, stamp, [&] { return load_lines(payload, base, batch_end, lines, stamp, x); },
-                   [&] { return core::stamped(first_missing_stamp(x, base, batch_end, lines, stamp), 0u); },
-                   transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
+             : wait_for_lines(v, s, payload, base, batch_end, lines, stamp, x,
+                              transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
     if (got == PeerWait::failed) return false;
     if (got == PeerWait::masked) return true;  // s got masked: its rows stay unwritten
     for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {

@@ -190,6 +190,16 @@ __device__ PeerWait wait_for_words(const LlView& v, int s, uint32_t stamp, Arriv
   });
 }
 
+// The whole warp waits (wait_for_words) until instructions [first, end) of `row`, from source s, carry
+// `stamp`, loading them into x (load_lines); a report names the first line stamp missing.
+template <int N>
+__device__ PeerWait wait_for_lines(const LlView& v, int s, const uint4* row, int first, int end, int lines,
+                                   uint32_t stamp, uint4 (&x)[N], transport::WaitSite site) {
+  return wait_for_words<true>(
+      v, s, stamp, [&] { return load_lines(row, first, end, lines, stamp, x); },
+      [&] { return core::stamped(first_missing_stamp(x, first, end, lines, stamp), 0u); }, site);
+}
+
 // The whole warp waits until every peer has freed `set` of `op` after its previous use. Returns false
 // on every lane when the team failed.
 __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t seq) {

@@ -34,6 +34,14 @@ __device__ __forceinline__ void add_release_sys(uint64_t* flag, uint64_t value) 
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
 }
 
+// A GPU-scope counter of this GPU's CTAs (no fence): returns the value before; orders this thread's
+// earlier accesses before the add and its later ones after it.
+__device__ __forceinline__ uint32_t add_acq_rel_gpu(uint32_t* counter, uint32_t value) {
+  uint32_t before;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(before) : "l"(counter), "r"(value) : "memory");
+  return before;
+}
+
 // For a word that carries its own data (core::stamped): no ordering, only that its 8 bytes land whole.
 __device__ __forceinline__ void store_relaxed_sys(uint64_t* word, uint64_t value) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(word), "l"(value) : "memory");

@@ -56,8 +56,8 @@ struct WaitReport {
   uint32_t detail;  // phase-specific: a slot, a channel, an iteration
   // The value it waited for: a counter at least `expected`; in the phases that wait for a stamped word
   // (core::stamped: a call's stamp in the high half, a value in the low half; wait_report.cpp's
-  // waits_for_stamp), the same stamp and at least that value; in the LL phases, a word or line that
-  // carries exactly that stamp (the low half is not compared).
+  // waits_for_stamp), the same stamp and at least that value; in the LL receive phases (ll_dispatch_recv,
+  // ll_combine_recv), a word or line that carries exactly that stamp (the low half is not compared).
   uint64_t expected;
   uint64_t observed;  // the last value it saw
   uint64_t waited_ns;
