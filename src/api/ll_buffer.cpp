@@ -90,7 +90,9 @@ struct LlBuffer::Impl {
   // Masks (or unmasks) ranks [first, last) but this one, ordered with the buffer's calls on `on`.
   void update_rank_mask(int first, int last, bool masked, cudaStream_t on, const char* what);
   std::function<void()> receive_step(SetState& state, const Streams& streams, std::function<void(cudaStream_t)> launch,
-                                     const SetState* routing = nullptr);
+                                     std::function<void()> check = {});
+  // Refuses a handle whose dispatch buffer set a later dispatch has reused; `what` names the caller.
+  void require_current(const LlHandle& h, const char* what) const;
 };
 
 LlConfig LlBuffer::Impl::resolve(const LlConfig& requested) const {
@@ -138,21 +140,25 @@ int LlBuffer::Impl::next_set(SetState* sets, uint64_t& calls_made, const char* w
   return set;
 }
 
-// With send_only: the closure that launches the receive step on the caller's stream, once. `routing`:
-// the dispatch set whose routing the step reads (a combine's: its handle's), which no later dispatch
-// may have reused by then.
+void LlBuffer::Impl::require_current(const LlHandle& h, const char* what) const {
+  EPX_REQUIRE(h.generation == dispatch_sets[h.set].generation,
+              std::string(what) +
+                  ": the handle is stale: its dispatch buffer set has been reused by a later dispatch (a handle lasts "
+                  "until the dispatch two calls after its own)");
+}
+
+// With send_only: the closure that launches the receive step on the caller's stream, once, after
+// check() (what else the step needs still to hold: a combine's, its handle).
 std::function<void()> LlBuffer::Impl::receive_step(SetState& state, const Streams& streams,
-                                                   std::function<void(cudaStream_t)> launch, const SetState* routing) {
+                                                   std::function<void(cudaStream_t)> launch,
+                                                   std::function<void()> check) {
   state.receive_pending = true;
   const uint64_t generation = state.generation;
-  const uint64_t routing_generation = routing != nullptr ? routing->generation : 0;
-  return [this, &state, generation, routing, routing_generation, stream = streams.stream, launch = std::move(launch)] {
+  return [this, &state, generation, stream = streams.stream, launch = std::move(launch), check = std::move(check)] {
     detail::ScopedRank scoped(team.rank());
     EPX_REQUIRE(state.generation == generation && state.receive_pending,
                 "LL receive step: already run, or its buffer set has been reused since");
-    EPX_REQUIRE(routing == nullptr || routing->generation == routing_generation,
-                "LL combine receive step: its handle's dispatch buffer set has been reused by a later dispatch; run "
-                "the step before the dispatch two calls after the handle's (as long as the handle lasts)");
+    if (check) check();
     const Streams on{stream};
     const cudaStream_t s = calls.begin(on, "LL receive");
     launch(s);
@@ -387,11 +393,9 @@ LlCombineResult LlBuffer::combine(const LlCombineArgs& args, const Streams& stre
   detail::ScopedRank scoped(im.team.rank());
   const LlHandle& h = args.handle;
   EPX_REQUIRE(h.buffer == this, "LL combine: the handle comes from another LlBuffer (or is empty)");
-  const SetState& dispatched = im.dispatch_sets[h.set];
-  EPX_REQUIRE(h.generation == dispatched.generation,
-              "LL combine: the handle is stale: its dispatch buffer set has been reused by a later dispatch "
-              "(a handle lasts until the dispatch two calls after its own)");
-  EPX_REQUIRE(!dispatched.receive_pending, "LL combine: run the dispatch's receive step first (it was send_only)");
+  im.require_current(h, "LL combine");
+  EPX_REQUIRE(!im.dispatch_sets[h.set].receive_pending,
+              "LL combine: run the dispatch's receive step first (it was send_only)");
   const int64_t T = h.num_tokens, K = h.topk, H = h.hidden;
   const int64_t rows = im.E_local() * im.C();
   core::check_tensor(args.y, {"y", {ScalarType::bf16}, -1, H, true, 16});
@@ -420,7 +424,6 @@ LlCombineResult LlBuffer::combine(const LlCombineArgs& args, const Streams& stre
   p.y_row_stride = args.y.row_stride;
   p.hidden = int32_t(H);
   p.num_tokens = int32_t(T);
-  p.topk = int32_t(K);
   p.naive = naive;
   p.weights = static_cast<const float*>(args.topk_weights.data);
   p.weights_row_stride = args.topk_weights.row_stride;
@@ -433,8 +436,10 @@ LlCombineResult LlBuffer::combine(const LlCombineArgs& args, const Streams& stre
   LlCombineResult result;
   if (args.send_only) {
     p.phases = kl::kReceive;
+    // The receive step reads the handle's routing, so it must run while the handle lasts.
     result.receive = im.receive_step(
-        im.combine_sets[set], streams, [p, blocks](cudaStream_t s) { kl::launch_combine(p, blocks, s); }, &dispatched);
+        im.combine_sets[set], streams, [p, blocks](cudaStream_t s) { kl::launch_combine(p, blocks, s); },
+        [&im, h] { im.require_current(h, "LL combine receive step"); });
   }
   result.finished = im.calls.end(streams, stream);
   return result;

@@ -114,7 +114,7 @@ struct CombineParams {
   uint32_t phases;
   const uint16_t* y;
   int64_t y_row_stride;
-  int32_t hidden, num_tokens, topk;
+  int32_t hidden, num_tokens;
   bool naive;
   const float* weights;  // naive: the home side's [T][K]
   int64_t weights_row_stride;
