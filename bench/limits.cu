@@ -104,16 +104,11 @@ Limits measure_limits(Team& team) {
   // A graph of `kernels` empty kernels (the LL grid), launched once per timing after before(): the
   // median per kernel.
   const auto empty_graph_us = [&](int kernels, const std::function<void(cudaStream_t)>& before) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    for (int i = 0; i < kernels; ++i) empty_kernel<<<c.sms, 512, 0, stream>>>();
-    check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
-    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-    const Timing t = time_on_stream(stream, 5, 100, before,
-                                    [&](cudaStream_t s) { check_cuda(cudaGraphLaunch(exec, s), "cudaGraphLaunch"); });
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    const GraphExec exec = capture_graph(stream, [&](cudaStream_t s) {
+      for (int i = 0; i < kernels; ++i) empty_kernel<<<c.sms, 512, 0, s>>>();
+    });
+    const Timing t = time_on_stream(
+        stream, 5, 100, before, [&](cudaStream_t s) { check_cuda(cudaGraphLaunch(exec.get(), s), "cudaGraphLaunch"); });
     return t.median_us / kernels;
   };
   // Ten kernels in one graph: the floor under any kernel in a stream of them (each launch overlaps the

@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdio>
 #include <functional>
-#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -85,11 +84,6 @@ ref::Tensor3<uint16_t> expert_outputs(const ref::LlRecv& recv, const Draw& draw,
 
 // ---- CUDA graphs -----------------------------------------------------------------------------------------
 
-struct GraphExecDestroy {
-  void operator()(cudaGraphExec_t g) const { cudaGraphExecDestroy(g); }
-};
-using GraphExec = std::unique_ptr<CUgraphExec_st, GraphExecDestroy>;
-
 // The same calls captured twice on `stream`. Consecutive calls of a kind use the buffer's two sets in
 // turn and a capture bakes its set in, so replaying the pair alternately (A, B, A, B, ...) keeps the
 // alternation that ll.hpp's rules ask for. Replays do not move the buffer's host-side set counter: an
@@ -97,7 +91,7 @@ using GraphExec = std::unique_ptr<CUgraphExec_st, GraphExecDestroy>;
 class GraphPair {
  public:
   GraphPair(cudaStream_t stream, const std::function<void(cudaStream_t)>& calls)
-      : a_(capture(stream, calls)), b_(capture(stream, calls)) {}
+      : a_(capture_graph(stream, calls)), b_(capture_graph(stream, calls)) {}
 
   // Events around each replay (one graph launch each), every replay after `before`; the median etc.
   Timing time(cudaStream_t stream, int warmup, int replays, const std::function<void(cudaStream_t)>& before) const {
@@ -121,23 +115,6 @@ class GraphPair {
   }
 
  private:
-  static GraphExec capture(cudaStream_t stream, const std::function<void(cudaStream_t)>& calls) {
-    cudaGraph_t graph = nullptr;
-    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    try {
-      calls(stream);
-    } catch (...) {
-      if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
-      throw;
-    }
-    check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    check_cuda(status, "cudaGraphInstantiate");
-    return GraphExec(exec);
-  }
-
   GraphExec a_, b_;
 };
 
@@ -353,12 +330,12 @@ class LlBench {
   std::vector<Measured> time_ops() {
     const LlCombineOrder local = LlCombineOrder::local, naive = LlCombineOrder::naive;
     std::vector<Measured> out;
-    out.push_back(measured("dispatch", "fp8", "", time_dispatch(true), traffic_.dispatch(true)));
-    out.push_back(measured("dispatch", "bf16", "", time_dispatch(false), traffic_.dispatch(false)));
+    out.push_back(measured("dispatch", "fp8", "", time(dispatch_call(true)), traffic_.dispatch(true)));
+    out.push_back(measured("dispatch", "bf16", "", time(dispatch_call(false)), traffic_.dispatch(false)));
     // The combines replay on the handle of one dispatch made here: no dispatch runs in between.
     const LlHandle handle = buffer_.dispatch(dispatch_args(false), Streams{stream()}).handle;
-    out.push_back(measured("combine", "bf16", "local", time_combine(local, handle), traffic_.combine(local)));
-    out.push_back(measured("combine", "bf16", "naive", time_combine(naive, handle), traffic_.combine(naive)));
+    out.push_back(measured("combine", "bf16", "local", time(combine_call(local, handle)), traffic_.combine(local)));
+    out.push_back(measured("combine", "bf16", "naive", time(combine_call(naive, handle)), traffic_.combine(naive)));
     const CallTiming both = time([&](cudaStream_t s) {
       const LlHandle h = buffer_.dispatch(dispatch_args(true), Streams{s}).handle;
       buffer_.combine(combine_args(local, h), Streams{s});
@@ -401,8 +378,8 @@ class LlBench {
       LlHandle handle;
       require_every_rank(team_, stream(), check_again(handle),
                          "LL outputs with num_sms " + std::to_string(sms) + " differ from the checked ones");
-      out.push_back({time_combine(LlCombineOrder::local, handle).launch});
-      out.push_back({time_dispatch(true).launch});
+      out.push_back({time_launch(combine_call(LlCombineOrder::local, handle))});
+      out.push_back({time_launch(dispatch_call(true))});
       settings.push_back(sms);
     }
     finish();
@@ -443,17 +420,23 @@ class LlBench {
     return a;
   }
 
+  std::function<void(cudaStream_t)> dispatch_call(bool fp8) {
+    return [this, fp8](cudaStream_t s) { buffer_.dispatch(dispatch_args(fp8), Streams{s}); };
+  }
+  std::function<void(cudaStream_t)> combine_call(LlCombineOrder order, const LlHandle& handle) {
+    return [this, order, handle](cudaStream_t s) { buffer_.combine(combine_args(order, handle), Streams{s}); };
+  }
+  void barrier(cudaStream_t s) { enqueue_team_barrier(team_, s); }
+  // One launch at a time, each after a team barrier (what the bench reports and tunes on).
+  Timing time_launch(const std::function<void(cudaStream_t)>& call) {
+    return GraphPair(stream(), call).time(stream(), o_.warmup, o_.replays, [&](cudaStream_t s) { barrier(s); });
+  }
+  // Both timings of a call (time_ops).
   CallTiming time(const std::function<void(cudaStream_t)>& call) {
     const GraphPair graphs(stream(), call);
-    const auto barrier = [&](cudaStream_t s) { enqueue_team_barrier(team_, s); };
-    return CallTiming{graphs.time(stream(), o_.warmup, o_.replays, barrier),
-                      graphs.time_in_a_row(stream(), kLlInARowRounds, o_.replays, barrier)};
-  }
-  CallTiming time_dispatch(bool fp8) {
-    return time([&](cudaStream_t s) { buffer_.dispatch(dispatch_args(fp8), Streams{s}); });
-  }
-  CallTiming time_combine(LlCombineOrder order, const LlHandle& handle) {
-    return time([&](cudaStream_t s) { buffer_.combine(combine_args(order, handle), Streams{s}); });
+    const auto before = [&](cudaStream_t s) { barrier(s); };
+    return CallTiming{graphs.time(stream(), o_.warmup, o_.replays, before),
+                      graphs.time_in_a_row(stream(), kLlInARowRounds, o_.replays, before)};
   }
 
   void finish() {
@@ -566,8 +549,8 @@ void validate_ll_bench_options(const LlBenchOptions& o, int ranks) {
   require(o.topk <= o.experts, "--topk must be at most --experts (each token picks distinct experts)");
   require(o.experts % ranks == 0, "--experts must be a multiple of the number of ranks");
   require(o.num_sms >= 0, "--ll-sms must be >= 0 (0: the library's default)");
-  require(o.replays >= 1 && o.warmup >= 0 && (o.warmup + o.replays) % 2 == 0,
-          "replays must be >= 1, with warmup + replays even");
+  require(o.replays >= 2 && o.warmup >= 0 && o.replays % 2 == 0 && o.warmup % 2 == 0,
+          "replays must be >= 2, and warmup and replays even (graph replays come in pairs)");
 }
 
 LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
@@ -591,17 +574,18 @@ LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
   result.buffer_bytes = bench.buffer_bytes();
   result.message_header_bytes = int(kMessageHeaderBytes);
   const std::vector<Measured> measured = bench.time_ops();
-  std::vector<RankTiming> timings, in_a_row;
-  for (const Measured& m : measured) {
-    timings.push_back(m.timing);
-    in_a_row.push_back({m.in_a_row});
+  // One gather: every op's one-launch timing, then every op's in-a-row timing.
+  const std::size_t n = measured.size();
+  std::vector<RankTiming> timings(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    timings[i] = measured[i].timing;
+    timings[n + i] = {measured[i].in_a_row};
   }
   const std::vector<TeamTiming> gathered = gather_timings(team, bench.stream(), timings);
-  const std::vector<TeamTiming> gathered_in_a_row = gather_timings(team, bench.stream(), in_a_row);
-  for (std::size_t i = 0; i < measured.size(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     LlBenchRow row;
     static_cast<TeamTiming&>(row) = gathered[i];
-    row.in_a_row_us = gathered_in_a_row[i].time_us;
+    row.in_a_row_us = gathered[n + i].time_us;
     row.op = measured[i].op;
     row.dtype = measured[i].dtype;
     row.order = measured[i].order;

@@ -20,7 +20,7 @@ struct LlBenchOptions {
   int topk = 8;        // K
   int experts = 256;   // E
   int num_sms = 0;     // LlConfig::num_sms; 0: default_ll_config
-  int warmup = 10;     // untimed graph replays per op; warmup + replays must be even (see ll_bench.cu)
+  int warmup = 10;     // untimed graph replays per op; warmup and replays must be even (see ll_bench.cu)
   int replays = 100;   // timed graph replays per op (also per setting with `tune`)
   bool tune = false;   // also time dispatch FP8 and combine (local) per num_sms (kLlTuneSms)
   bool trace = false;  // then print dispatch's and combine's phase traces (a build with -DEPX_PHASE_TRACE=ON)

@@ -43,7 +43,7 @@ inline void print_phase_trace(Team& team, cudaStream_t stream, const std::string
       us[p].push_back(since_first(stamps[p]));
       std::vector<double> warps;
       for (int w = 0; w < transport::kTraceWarps; ++w) {
-        const uint64_t stamp = stamps[std::size_t(P) * (1 + w) + p];
+        const uint64_t stamp = stamps[std::size_t(transport::trace_warp_word(w, p))];
         if (reached(stamp)) warps.push_back(since_first(stamp));
       }
       if (warps.empty()) warps.push_back(us[p].back());  // only warps past kTraceWarps reached it

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/cuda_check.hpp"
@@ -49,6 +50,30 @@ inline Timing time_on_stream(cudaStream_t stream, int warmup, int repetitions,
   }
   for (auto& e : events) cudaEventDestroy(e);
   return summarize(std::move(us));
+}
+
+struct GraphExecDestroy {
+  void operator()(cudaGraphExec_t g) const { cudaGraphExecDestroy(g); }
+};
+using GraphExec = std::unique_ptr<CUgraphExec_st, GraphExecDestroy>;
+
+// `calls(stream)` captured on `stream` into an instantiated graph (nothing left behind if it throws).
+inline GraphExec capture_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& calls) {
+  using detail::check_cuda;
+  cudaGraph_t graph = nullptr;
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  try {
+    calls(stream);
+  } catch (...) {
+    if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
+    throw;
+  }
+  check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  check_cuda(status, "cudaGraphInstantiate");
+  return GraphExec(exec);
 }
 
 }  // namespace epx::bench

@@ -60,6 +60,8 @@ inline constexpr int kTracePoints = int(TracePoint::count);
 // cover the first 4096 warps).
 inline constexpr int kTraceWarps = 4096;
 inline constexpr int kTraceWords = kTracePoints * (1 + kTraceWarps);
+// Warp w's word of point p (w < kTraceWarps); the team's is word p.
+inline constexpr int trace_warp_word(int w, int p) { return kTracePoints * (1 + w) + p; }
 // Each point's name (what epx-bench --trace prints) and whether it keeps the earliest stamp (a kernel's
 // start) rather than the latest.
 struct TracePointInfo {
@@ -114,7 +116,7 @@ __device__ __forceinline__ void trace(const TeamView& team) {
   const uint64_t now = global_timer_ns();
   const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   auto* team_word = reinterpret_cast<unsigned long long*>(team.trace) + int(kPoint);
-  auto* warp_word = team_word + kTracePoints * (1 + warp);
+  auto* warp_word = reinterpret_cast<unsigned long long*>(team.trace) + trace_warp_word(int(warp), int(kPoint));
   if constexpr (trace_keeps_earliest(kPoint)) {
     atomicMin(team_word, now);
     if (warp < kTraceWarps) atomicMin(warp_word, now);
