@@ -135,12 +135,12 @@ __device__ uint2 to_fp8(const uint4& raw, float inv) {
 // with no cross-lane step (slot k's count in byte k % 4 of counts[k / 4]: at most kLlMaxTokens / 32 per
 // lane); the warp adds each slot's bytes at the end.
 template <int kSlots>
-__device__ int tokens_before_naming(const DispatchParams& p, const int16_t* experts, int t, int64_t expert) {
+__device__ int tokens_before_naming(const DispatchParams& p, const int16_t* experts, int t, int expert) {
   static_assert(core::kLlMaxTokens / kWarp < 256, "a lane's count of one slot fits in a byte");
   const int lane = threadIdx.x % kWarp, K = p.topk;
   int32_t x[kSlots];  // t's experts, on every lane (-1: none)
 #pragma unroll
-  for (int k = 0; k < kSlots; ++k) x[k] = __shfl_sync(~0u, int32_t(expert), k);
+  for (int k = 0; k < kSlots; ++k) x[k] = __shfl_sync(~0u, expert, k);
   uint32_t counts[kSlots / 4] = {};
   for (int u = lane; u < t; u += kWarp) {
     int32_t theirs[kSlots];
@@ -198,7 +198,7 @@ struct Routing {
 };
 
 // `weight`: lane k's load of slot k's weight bits (lanes >= K: anything).
-__device__ Routing token_routing(const DispatchParams& p, const int16_t* experts, int t, int64_t expert, int rank,
+__device__ Routing token_routing(const DispatchParams& p, const int16_t* experts, int t, int expert, int rank,
                                  uint32_t weight) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp;
@@ -207,7 +207,7 @@ __device__ Routing token_routing(const DispatchParams& p, const int16_t* experts
                                     : tokens_before_naming<core::kLlMaxTopk>(p, experts, t, expert);
   const bool valid = rank >= 0;
   return Routing{__ballot_sync(~0u, valid && lane == __ffs(same_expert) - 1),
-                 valid ? uint16_t(int16_t(expert - int64_t(rank) * v.experts_per_rank())) : 0u,
+                 valid ? uint16_t(int16_t(expert - rank * v.experts_per_rank())) : 0u,
                  valid ? uint16_t(int16_t(block_row)) : 0u, valid && p.weights != nullptr ? weight : 0u};
 }
 
@@ -324,14 +324,14 @@ __device__ bool set_free(const DispatchParams& p, uint64_t seq, SetFree& free) {
 // Lane k < K: slot k's expert (-1: none) and its rank (-1: none); `leaders`: the lowest lane of each
 // destination rank of token t, from the staged table.
 struct TokenRanks {
-  int64_t expert;
+  int expert;
   int rank;
   uint32_t leaders;
 };
 __device__ TokenRanks token_ranks(const DispatchParams& p, const int16_t* experts, int t) {
   const int lane = threadIdx.x % kWarp;
-  const int64_t expert = lane < p.topk ? experts[t * p.topk + lane] : -1;
-  const int rank = expert >= 0 ? int(expert / p.v.experts_per_rank()) : -1;
+  const int expert = lane < p.topk ? experts[t * p.topk + lane] : -1;
+  const int rank = expert >= 0 ? expert / p.v.experts_per_rank() : -1;
   const uint32_t same_rank = __match_any_sync(~0u, rank);
   return TokenRanks{expert, rank, __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1)};
 }
@@ -474,6 +474,7 @@ struct MessageRows {
   uint32_t unique_slots;  // those that get a row of their own
   int32_t row;            // lane k: packed row e * C + i of slot k (valid where slots has bit k)
   float weight;           // lane k: slot k's weight
+  uint32_t* scales;       // lane k, FP8: the scales output of row (e, i) (column 0)
 };
 
 // Waits (wait_for_words) until `word`, a load of *at made earlier (0: none yet), carries the call's
@@ -496,7 +497,7 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   using namespace core;
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
-  MessageRows m{0u, 0u, -1, 0.0f};
+  MessageRows m{0u, 0u, -1, 0.0f, nullptr};
   failed = false;
   if (masked[s]) return m;
   // The manifest word and the header are loaded together (the header only counts once the manifest
@@ -551,17 +552,21 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
         if (c == PeerWait::arrived) begin += int32_t(core::stamped_value(count[i]));
       }
     }
-    m.row = int32_t(e * v.rows_per_expert() + begin + block_row);
+    const int32_t i = begin + block_row;
+    const LlScalesLayout& l = p.scales_layout;
+    m.row = int32_t(e * v.rows_per_expert() + i);
     m.weight = weight;
+    if (p.fp8) m.scales = static_cast<uint32_t*>(p.out_scales) + e * l.expert_stride + i * l.row_stride;
   }
   failed = !__all_sync(~0u, ok);
   return m;
 }
 
 // This lane's vector x of payload line `line` into the packed output row `row` (every lane of the warp
-// calls it with the same row): a data vector to its row bytes; FP8, the scale a stamp vector carries
-// (word 1, group 7 i + j of line 8 i + j, j < 7) to the scales output (UE8M0: its exponent byte).
-__device__ void store_line_vector(const DispatchParams& p, int32_t row, int line, const uint4& x) {
+// calls it with the same row, and `scales`, the row's scales output): a data vector to its row bytes;
+// FP8, the scale a stamp vector carries (word 1, group 7 i + j of line 8 i + j, j < 7) to the scales
+// output (UE8M0: its exponent byte).
+__device__ void store_line_vector(const DispatchParams& p, int32_t row, uint32_t* scales, int line, const uint4& x) {
   const int vector = line_vector(), bytes = row_bytes(p);
   if (vector < kDataVectors) {
     const int byte = line_byte(line);
@@ -570,13 +575,11 @@ __device__ void store_line_vector(const DispatchParams& p, int32_t row, int line
   }
   const int k = line % kLinesPerItem, group = kItemGroups * (line / kLinesPerItem) + k;
   if (!p.fp8 || k >= kItemGroups || group >= p.hidden / kGroup) return;
-  const LlScalesLayout& l = p.scales_layout;
-  const int64_t C = p.v.rows_per_expert(), e = row / C, i = row % C;
-  uint32_t* at = static_cast<uint32_t*>(p.out_scales) + e * l.expert_stride + i * l.row_stride;
+  const int64_t col_stride = p.scales_layout.col_stride;
   if (p.ue8m0) {  // word group / 4 holds the exponents of groups 4 w .. 4 w + 3, group 4 w + b in byte b
-    reinterpret_cast<uint8_t*>(at + (group / 4) * l.col_stride)[group % 4] = uint8_t(x.y >> 23);
+    reinterpret_cast<uint8_t*>(scales + (group / 4) * col_stride)[group % 4] = uint8_t(x.y >> 23);
   } else {
-    at[group * l.col_stride] = x.y;
+    scales[group * col_stride] = x.y;
   }
 }
 
@@ -620,10 +623,12 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
     if (got == PeerWait::masked) return true;  // s got masked: its rows stay unwritten
     for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
       const int32_t row = __shfl_sync(~0u, m.row, __ffs(rest) - 1);
+      uint32_t* scales = reinterpret_cast<uint32_t*>(
+          __shfl_sync(~0u, reinterpret_cast<unsigned long long>(m.scales), __ffs(rest) - 1));
 #pragma unroll
       for (int b = 0; b < kLineBatch; ++b) {
         const int line = instruction_line(base + b);
-        if (base + b < batch_end && line < lines) store_line_vector(p, row, line, x[b]);
+        if (base + b < batch_end && line < lines) store_line_vector(p, row, scales, line, x[b]);
       }
     }
   }
