@@ -251,16 +251,26 @@ __device__ uint32_t load_weight(const DispatchParams& p, int t) {
 }
 
 // The call's rows as lines: FP8 H bytes, or BF16 2 H; send items of kLinesPerItem lines.
-__device__ int row_bytes(const DispatchParams& p) { return p.fp8 ? p.hidden : 2 * p.hidden; }
-__device__ int row_lines(const DispatchParams& p) { return core::ll_row_lines(row_bytes(p)); }
-__device__ int row_items(const DispatchParams& p) { return line_items(row_lines(p)); }
+template <bool kFp8>
+__device__ int row_bytes(const DispatchParams& p) {
+  return kFp8 ? p.hidden : 2 * p.hidden;
+}
+template <bool kFp8>
+__device__ int row_lines(const DispatchParams& p) {
+  return core::ll_row_lines(row_bytes<kFp8>(p));
+}
+template <bool kFp8>
+__device__ int row_items(const DispatchParams& p) {
+  return line_items(row_lines<kFp8>(p));
+}
 
 // One warp: this lane's vectors of item g of token t's row as they go on the wire (the stamp vectors
 // included). FP8: the lanes of a group reduce its amax in shared memory (a group spans lanes of both
 // instructions), and line 8 g + j's stamp vector carries group 7 g + j's scale (j < 7). Needs no
 // routing, so a warp does it for its first item before the top-k table is staged.
+template <bool kFp8>
 __device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g, uint4 (&x)[2]) {
-  const int vector = line_vector(), bytes = row_bytes(p);
+  const int vector = line_vector(), bytes = row_bytes<kFp8>(p);
   const uint16_t* row = p.x + t * p.x_row_stride;
   int line[2], byte[2];
 #pragma unroll
@@ -268,7 +278,7 @@ __device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g,
     line[j] = item_line(g, j);
     byte[j] = vector < kDataVectors ? line_byte(line[j]) : bytes;  // the stamp lane loads nothing
   }
-  if (!p.fp8) {
+  if (!kFp8) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       x[j] = vector == kDataVectors ? make_uint4(stamp, 0u, 0u, 0u)
@@ -351,11 +361,12 @@ __device__ bool send_routing(const DispatchParams& p, const int16_t* experts, ui
 
 // One warp: item g of token t (its vectors `x`, load_item) to every destination rank. Returns false when
 // the team failed.
+template <bool kFp8>
 __device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int g,
                           const uint4 (&x)[2], SetFree& free) {
   const TokenRanks to = token_ranks(p, experts, t);
   if (!set_free(p, seq, free)) return false;
-  const int lines = row_lines(p);
+  const int lines = row_lines<kFp8>(p);
   for (uint32_t rest = to.leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, to.rank, __ffs(rest) - 1);
     store_lines(p.v.payload(dest, p.set, p.v.team.rank, t), 2 * g, lines, x);
@@ -409,6 +420,7 @@ __host__ __device__ inline std::size_t experts_table_bytes(int num_tokens, int t
   return (std::size_t(num_tokens) * topk * sizeof(int16_t) + 15) / 16 * 16;
 }
 
+template <bool kFp8>
 __device__ void send(const DispatchParams& p, uint64_t seq) {
   extern __shared__ int4 send_shared[];
   __shared__ bool masked[kMaxNvlinkRanks];
@@ -425,13 +437,13 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
   // ~3 us after the others'.) A warp's first work is loaded (a send item: and cast) before the table is
   // staged, with the peers' freed flags.
   const uint32_t stamp = core::ll_stamp(seq);
-  const int per_row = row_items(p), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
+  const int per_row = row_items<kFp8>(p), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
   const int warps = gridDim.x * kWarps, first = blockIdx.x * kWarps + threadIdx.x / kWarp;
   SetFree free = load_set_free(v, core::kLlDispatch, p.set);
   uint32_t weight = first < routing ? load_weight(p, first) : 0u;
   uint4 vectors[2] = {};
   if (first >= routing && first < work)
-    load_item(p, stamp, (first - routing) / per_row, (first - routing) % per_row, vectors);
+    load_item<kFp8>(p, stamp, (first - routing) / per_row, (first - routing) % per_row, vectors);
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
   // become -1 in a second pass (only when a rank is masked). The mask is loaded first, so that its
   // latency hides behind the table's (kThreads >= kMaxNvlinkRanks: one rank per thread).
@@ -459,8 +471,8 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
       continue;
     }
     const int t = (i - routing) / per_row, g = (i - routing) % per_row;
-    if (i != first) load_item(p, stamp, t, g, vectors);
-    ok = send_item(p, experts, seq, t, g, vectors, free);
+    if (i != first) load_item<kFp8>(p, stamp, t, g, vectors);
+    ok = send_item<kFp8>(p, experts, seq, t, g, vectors, free);
     sent_lines = ok;
   }
   if (sent_lines && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
@@ -492,6 +504,7 @@ __device__ PeerWait settle_word(const LlView& v, int s, uint32_t stamp, const Ll
 // The whole warp reads message (s, t)'s routing: whether t sent me a message (its manifest bit), then its
 // header, and for each slot the count of its expert on every unmasked source before s, to find its row
 // (see the protocol). `masked`: the CTA's view of the mask. `failed`: the team failed (on every lane).
+template <bool kFp8>
 __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t,
                                     bool& failed) {
   using namespace core;
@@ -556,7 +569,7 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
     const LlScalesLayout& l = p.scales_layout;
     m.row = int32_t(e * v.rows_per_expert() + i);
     m.weight = weight;
-    if (p.fp8) m.scales = static_cast<uint32_t*>(p.out_scales) + e * l.expert_stride + i * l.row_stride;
+    if (kFp8) m.scales = static_cast<uint32_t*>(p.out_scales) + e * l.expert_stride + i * l.row_stride;
   }
   failed = !__all_sync(~0u, ok);
   return m;
@@ -566,15 +579,16 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
 // calls it with the same row, and `scales`, the row's scales output): a data vector to its row bytes;
 // FP8, the scale a stamp vector carries (word 1, group 7 i + j of line 8 i + j, j < 7) to the scales
 // output (UE8M0: its exponent byte).
+template <bool kFp8>
 __device__ void store_line_vector(const DispatchParams& p, int32_t row, uint32_t* scales, int line, const uint4& x) {
-  const int vector = line_vector(), bytes = row_bytes(p);
+  const int vector = line_vector(), bytes = row_bytes<kFp8>(p);
   if (vector < kDataVectors) {
     const int byte = line_byte(line);
     if (byte < bytes) *reinterpret_cast<uint4*>(static_cast<char*>(p.out_x) + int64_t(row) * bytes + byte) = x;
     return;
   }
   const int k = line % kLinesPerItem, group = kItemGroups * (line / kLinesPerItem) + k;
-  if (!p.fp8 || k >= kItemGroups || group >= p.hidden / kGroup) return;
+  if (!kFp8 || k >= kItemGroups || group >= p.hidden / kGroup) return;
   const int64_t col_stride = p.scales_layout.col_stride;
   if (p.ue8m0) {  // word group / 4 holds the exponents of groups 4 w .. 4 w + 3, group 4 w + b in byte b
     reinterpret_cast<uint8_t*>(scales + (group / 4) * col_stride)[group % 4] = uint8_t(x.y >> 23);
@@ -589,18 +603,19 @@ __device__ void store_line_vector(const DispatchParams& p, int32_t row, uint32_t
 // as good as one loaded after. What had not arrived is then polled, in the protocol's order. Part 0
 // records the message for combine (message_slots, entry_rows, entry_weights) and src_idx; every part
 // copies its lines into every row the message expands to. Returns false when the team failed.
+template <bool kFp8>
 __device__ bool receive_message(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t, int part,
                                 int parts) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
   const uint4* payload = v.payload(me, p.set, s, t);
-  const int lines = row_lines(p), instructions = line_instructions(lines);
+  const int lines = row_lines<kFp8>(p), instructions = line_instructions(lines);
   const int per_part = (instructions + parts - 1) / parts;
   const int first = part * per_part, end = min(instructions, first + per_part);
   uint4 x[kLineBatch] = {};
   bool here = load_lines(payload, first, min(end, first + kLineBatch), lines, stamp, x);
   bool failed = false;
-  const MessageRows m = message_rows(p, masked, stamp, s, t, failed);
+  const MessageRows m = message_rows<kFp8>(p, masked, stamp, s, t, failed);
   if (failed) return false;
   if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_routed>(v.team);
   if (part == 0) {
@@ -628,13 +643,14 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
 #pragma unroll
       for (int b = 0; b < kLineBatch; ++b) {
         const int line = instruction_line(base + b);
-        if (base + b < batch_end && line < lines) store_line_vector(p, row, scales, line, x[b]);
+        if (base + b < batch_end && line < lines) store_line_vector<kFp8>(p, row, scales, line, x[b]);
       }
     }
   }
   return true;
 }
 
+template <bool kFp8>
 __device__ void receive(const DispatchParams& p, uint64_t seq) {
   const LlView& v = p.v;
   const int R = v.team.nranks, me = v.team.rank;
@@ -665,22 +681,25 @@ __device__ void receive(const DispatchParams& p, uint64_t seq) {
   // and no more than the payload's line instructions).
   const int messages = R * v.max_tokens;
   const int warps = gridDim.x * kWarps;
-  const int parts = max(1, min(min(warps / messages, 8), line_instructions(row_lines(p))));
+  const int parts = max(1, min(min(warps / messages, 8), line_instructions(row_lines<kFp8>(p))));
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = item / parts;
-    ok = receive_message(p, masked, stamp, message / v.max_tokens, message % v.max_tokens, item % parts, parts);
+    ok = receive_message<kFp8>(p, masked, stamp, message / v.max_tokens, message % v.max_tokens, item % parts, parts);
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_received>(v.team);
   }
   last_cta_records_freed(v, v.blocks_done_of(core::kLlDispatch), core::kLlDispatch, p.set, seq);
 }
 
+// kFp8: p.fp8, a kernel of its own for each payload format (with one kernel for both, the BF16 calls
+// took ~0.5 us longer once the FP8 receive got cheaper, from the code the compiler made for the pair).
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_start>(p.v.team);
   // Not the last CTA: it sends the counts, which every receive waits for (the traces: 2.5 us later).
   if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlDispatch);
   const uint64_t seq = call_sequence(p.v, core::kLlDispatch, p.set);
-  if (p.phases & kSend) send(p, seq);
-  if (p.phases & kReceive) receive(p, seq);
+  if (p.phases & kSend) send<kFp8>(p, seq);
+  if (p.phases & kReceive) receive<kFp8>(p, seq);
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_end>(p.v.team);
 }
 
@@ -690,16 +709,22 @@ constexpr std::size_t kMaxSendShared =
     (std::size_t(core::kLlMaxTokens) * core::kLlMaxTopk * sizeof(int16_t)) + core::kLlMaxExperts * sizeof(int32_t);
 
 void load_dispatch_kernel() {
-  detail::allow_dynamic_shared_memory(reinterpret_cast<const void*>(dispatch_kernel), int(kMaxSendShared),
-                                      "cudaFuncSetAttribute(LL dispatch kernel)");
-  detail::load_kernel(reinterpret_cast<const void*>(dispatch_kernel), "LL dispatch kernel");
+  for (const void* kernel :
+       {reinterpret_cast<const void*>(dispatch_kernel<true>), reinterpret_cast<const void*>(dispatch_kernel<false>)}) {
+    detail::allow_dynamic_shared_memory(kernel, int(kMaxSendShared), "cudaFuncSetAttribute(LL dispatch kernel)");
+    detail::load_kernel(kernel, "LL dispatch kernel");
+  }
 }
 
 void launch_dispatch(const DispatchParams& params, int num_blocks, cudaStream_t stream) {
   const std::size_t shared = (params.phases & kSend) == 0 ? 0
                                                           : experts_table_bytes(params.num_tokens, params.topk) +
                                                                 std::size_t(params.v.num_experts) * sizeof(int32_t);
-  dispatch_kernel<<<num_blocks, kThreads, shared, stream>>>(params);
+  if (params.fp8) {
+    dispatch_kernel<true><<<num_blocks, kThreads, shared, stream>>>(params);
+  } else {
+    dispatch_kernel<false><<<num_blocks, kThreads, shared, stream>>>(params);
+  }
   detail::check_launch("LL dispatch kernel");
 }
 
