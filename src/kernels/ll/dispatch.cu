@@ -23,8 +23,8 @@
 //     All of them plain volatile stores over NVLink (8-byte words, 16-byte line vectors), in no order.
 //   Receive (rank me). A source masked when the step starts (the CTA's view; a masked source counts as
 //   having sent nothing, see protocol.cuh) is not read. Warps take (message, part of its payload) work
-//   items. Message (s, t): the warp waits for manifest word t / 32 of s; if t's bit is clear, t sent me
-//   nothing. Else it waits for the header's words, and for the counts expert_counts(me, set, s')[e] of
+//   items. Message (s, t): the warp waits for manifest word t / 32 of s and, if t's bit is set (else t
+//   sent me nothing), the header's words, in one wait; then for the counts expert_counts(me, set, s')[e] of
 //   each of its slots' experts e and every unmasked s' < s: expert e's rows are source ranks ascending,
 //   tokens ascending, so the message goes to row begin(e, s) + block_row of every unique slot naming e,
 //   begin(e, s) being the sum of those counts. Then it waits for the payload lines of its part, and
@@ -513,25 +513,44 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   MessageRows m{0u, 0u, -1, 0.0f, nullptr};
   failed = false;
   if (masked[s]) return m;
-  // The manifest word and the header are loaded together (the header only counts once the manifest
-  // bit says the message exists); lane w holds header word w, and lanes below kLlHeaderWords - 32 word
-  // 32 + w too.
+  // The manifest word and the header are loaded together and awaited together (the header only counts
+  // once the manifest bit says the message exists): one whole-warp wait whose polls reload what has not
+  // arrived, until the manifest word has (lane 0's load decides) and, if t's bit is set, every header
+  // word too; so a header that lands while the manifest word is awaited costs no round trip of its own.
+  // Lane w holds header word w, and lanes below kLlHeaderWords - 32 word 32 + w too.
   const LlWord* manifest_at = v.manifest_of(me, p.set, s) + t / kWarp;
   const LlWord* header = v.header(me, p.set, s, t);
   const bool second = lane < kLlHeaderWords - kWarp;
   LlWord manifest = load_word(manifest_at);
   LlWord words[2] = {load_word(header + lane), second ? load_word(header + kWarp + lane) : 0};
-  const PeerWait got = settle_word(v, s, stamp, manifest_at, manifest, t);
-  if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_manifest>(v.team);
-  failed = __any_sync(~0u, got == PeerWait::failed);
-  if (failed || !__all_sync(~0u, got == PeerWait::arrived) ||
-      ((core::stamped_value(manifest) >> (t % kWarp)) & 1u) == 0u)
-    return m;
-  const PeerWait h = settle_word(v, s, stamp, header + lane, words[0], t);
-  const PeerWait h2 = second ? settle_word(v, s, stamp, header + kWarp + lane, words[1], t) : PeerWait::arrived;
-  if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_header>(v.team);
-  failed = __any_sync(~0u, h == PeerWait::failed || h2 == PeerWait::failed);
-  if (failed || !__all_sync(~0u, h == PeerWait::arrived && h2 == PeerWait::arrived)) return m;
+  const auto header_missing = [&] {
+    return __ballot_sync(~0u, !stamped_in(words[0], stamp) || (second && !stamped_in(words[1], stamp)));
+  };
+  const auto sends_me = [&] { return ((stamped_value(manifest) >> (t % kWarp)) & 1u) != 0u; };
+  const PeerWait got = wait_for_words<true>(
+      v, s, stamp,
+      [&] {
+        if (!stamped_in(manifest, stamp)) manifest = load_word(manifest_at);
+        if (!stamped_in(words[0], stamp)) words[0] = load_word(header + lane);
+        if (second && !stamped_in(words[1], stamp)) words[1] = load_word(header + kWarp + lane);
+        manifest = __shfl_sync(~0u, manifest, 0);
+        const uint32_t missing = header_missing();
+        return stamped_in(manifest, stamp) && (!sends_me() || missing == 0u);
+      },
+      [&] {  // for a report: the manifest word, or else the first header word missing
+        const uint32_t missing = header_missing();
+        if (!stamped_in(manifest, stamp) || missing == 0u) return manifest;
+        const int w = __ffs(missing) - 1;
+        const LlWord first = __shfl_sync(~0u, words[0], w), above = __shfl_sync(~0u, words[1], w);
+        return stamped_in(first, stamp) ? above : first;
+      },
+      transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
+  if (lane == 0) {
+    transport::trace<transport::TracePoint::ll_dispatch_manifest>(v.team);
+    transport::trace<transport::TracePoint::ll_dispatch_header>(v.team);
+  }
+  failed = got == PeerWait::failed;
+  if (got != PeerWait::arrived || !sends_me()) return m;
   const int k = lane % kLlMaxTopk;
   const uint32_t slots = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderSlots);
   const uint32_t unique_slots = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderUniqueSlots);
