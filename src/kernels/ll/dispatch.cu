@@ -501,9 +501,10 @@ __device__ PeerWait settle_word(const LlView& v, int s, uint32_t stamp, const Ll
       [&] { return word; }, transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(detail)});
 }
 
-// The whole warp reads message (s, t)'s routing: whether t sent me a message (its manifest bit), then its
-// header, and for each slot the count of its expert on every unmasked source before s, to find its row
-// (see the protocol). `masked`: the CTA's view of the mask. `failed`: the team failed (on every lane).
+// The whole warp reads message (s, t)'s routing: whether t sent me a message (its manifest bit) and its
+// header, awaited together, and for each slot the count of its expert on every unmasked source before
+// s, to find its row (see the protocol). `masked`: the CTA's view of the mask. `failed`: the team failed
+// (on every lane).
 template <bool kFp8>
 __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t,
                                     bool& failed) {
@@ -545,12 +546,10 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
         return stamped_in(first, stamp) ? above : first;
       },
       transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
-  if (lane == 0) {
-    transport::trace<transport::TracePoint::ll_dispatch_manifest>(v.team);
-    transport::trace<transport::TracePoint::ll_dispatch_header>(v.team);
-  }
+  if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_manifest>(v.team);
   failed = got == PeerWait::failed;
   if (got != PeerWait::arrived || !sends_me()) return m;
+  if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_header>(v.team);
   const int k = lane % kLlMaxTopk;
   const uint32_t slots = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderSlots);
   const uint32_t unique_slots = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderUniqueSlots);

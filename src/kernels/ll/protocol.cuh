@@ -6,7 +6,8 @@
 //   * Before a warp first writes into peers' copies of the set, it waits until every peer's
 //     freed(me, op, set, peer) >= seq - 1: the peer has finished reading the set's previous use, so
 //     nothing unread is overwritten, whatever the order of calls (captured graphs included). The flags
-//     are loaded when the kernel starts; the wait happens only if those loads fell short (SetFree).
+//     are loaded when the kernel starts; in teams of up to 32 ranks (a lane each) the wait happens only
+//     if those loads fell short (SetFree); larger teams always wait (wait_set_free).
 //   * There is no "ready" flag: the data carries the call's stamp ll_stamp(seq), the dispatch's routing
 //     in stamped words (core::LlWord), the dispatch's payloads and the combine's rows in lines
 //     (core::kLlLineBytes), and a receive step waits for the stamps of what it reads (wait_for_words).

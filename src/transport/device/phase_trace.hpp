@@ -41,8 +41,8 @@ enum class TracePoint : int {
   ll_dispatch_free,         // every warp that stores remotely has seen the set freed by every peer (its first check)
   ll_dispatch_routing,      // every routing item has written its headers and home record
   ll_dispatch_sent,         // every warp with a send item has issued its stores
-  ll_dispatch_manifest,     // every receive item has its source's manifest word of the call
-  ll_dispatch_header,       // every receive item of a message that came has its header
+  ll_dispatch_manifest,     // every receive item's wait for its manifest word (and header, if its message came) is over
+  ll_dispatch_header,       // every receive item of a message that came has its header (the same wait)
   ll_dispatch_routed,       // every receive item has its message's routing (manifest, header, counts)
   ll_dispatch_received,     // every receive item has stored its payload
   ll_dispatch_outputs,      // the last CTA has written the per-expert outputs
