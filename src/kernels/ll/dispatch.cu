@@ -727,11 +727,12 @@ constexpr std::size_t kMaxSendShared =
     (std::size_t(core::kLlMaxTokens) * core::kLlMaxTopk * sizeof(int16_t)) + core::kLlMaxExperts * sizeof(int32_t);
 
 void load_dispatch_kernel() {
-  for (const void* kernel :
-       {reinterpret_cast<const void*>(dispatch_kernel<true>), reinterpret_cast<const void*>(dispatch_kernel<false>)}) {
-    detail::allow_dynamic_shared_memory(kernel, int(kMaxSendShared), "cudaFuncSetAttribute(LL dispatch kernel)");
-    detail::load_kernel(kernel, "LL dispatch kernel");
-  }
+  const auto load = [](const void* kernel, const char* what) {
+    detail::allow_dynamic_shared_memory(kernel, int(kMaxSendShared), what);
+    detail::load_kernel(kernel, what);
+  };
+  load(reinterpret_cast<const void*>(dispatch_kernel<true>), "LL dispatch kernel (FP8)");
+  load(reinterpret_cast<const void*>(dispatch_kernel<false>), "LL dispatch kernel (BF16)");
 }
 
 void launch_dispatch(const DispatchParams& params, int num_blocks, cudaStream_t stream) {
