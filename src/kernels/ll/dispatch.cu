@@ -21,7 +21,8 @@
 //       lines (BF16, or FP8 cast once here with its group scales in the stamp vectors) for every
 //       destination rank r of t.
 //     All of them plain volatile stores over NVLink (8-byte words, 16-byte line vectors), in no order.
-//   Receive (rank me). A source masked when the step starts (the CTA's view; a masked source counts as
+//   Receive (rank me). A source masked when the step starts (the CTA's view, taken by the send step when
+//   the launch has both; a masked source counts as
 //   having sent nothing, see protocol.cuh) is not read. Warps take (message, part of its payload) work
 //   items. Message (s, t): the warp waits for manifest word t / 32 of s and, if t's bit is set (else t
 //   sent me nothing), the header's words, in one wait; then for the counts expert_counts(me, set, s')[e] of
@@ -60,6 +61,7 @@ constexpr int kGroup = 128;  // columns per FP8 scale
 constexpr int kItemGroups = kLinesPerItem * core::kLlLineDataBytes / kGroup;
 static_assert(kItemGroups * kGroup == kLinesPerItem * core::kLlLineDataBytes, "an item holds whole FP8 groups");
 constexpr int kLineBatch = 4;  // line instructions (16 lines) each receiving warp loads before it stores
+constexpr int kEarlyEntries = 2;  // top-k entries each thread loads before its warp's first work (send)
 constexpr float kAmaxFloor = 1e-4f;
 constexpr float kE4m3Max = 448.0f;
 
@@ -68,12 +70,11 @@ using core::LlWord;
 
 // ---- Send ----
 
-// The expert of slot k of token t; an id outside [-1, E) counts as -1, and is recorded (the first on
-// this rank) when `record` is set. Read once per entry and CTA, into the staged table (see send).
-__device__ int64_t checked_expert(const DispatchParams& p, int t, int k, bool record) {
-  if (k >= p.topk) return -1;
-  const int64_t e = topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, t, k);
-  if (e >= -1 && e < p.v.num_experts) return e;
+// Slot k of token t's entry `e` of the caller's top-k table (a load of topk_at) as the staged table
+// holds it: an id outside [-1, E) counts as -1, and is recorded (the first on this rank) when `record`
+// is set. Read once per entry and CTA (see send).
+__device__ int16_t checked_expert(const DispatchParams& p, int64_t e, int t, int k, bool record) {
+  if (e >= -1 && e < p.v.num_experts) return int16_t(e);
   LlHostReport* report = p.v.host_report;
   if (record && atomicCAS(&report->input_error, 0, 1) == 0) {
     report->token = t;
@@ -420,10 +421,10 @@ __host__ __device__ inline std::size_t experts_table_bytes(int num_tokens, int t
   return (std::size_t(num_tokens) * topk * sizeof(int16_t) + 15) / 16 * 16;
 }
 
+// `masked`: the CTA's view of the mask, set here (the receive step of the same launch reads it too).
 template <bool kFp8>
-__device__ void send(const DispatchParams& p, uint64_t seq) {
+__device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   extern __shared__ int4 send_shared[];
-  __shared__ bool masked[kMaxNvlinkRanks];
   int16_t* experts = reinterpret_cast<int16_t*>(send_shared);
   int32_t* counts =
       reinterpret_cast<int32_t*>(reinterpret_cast<char*>(send_shared) + experts_table_bytes(p.num_tokens, p.topk));
@@ -440,17 +441,32 @@ __device__ void send(const DispatchParams& p, uint64_t seq) {
   const int per_row = row_items<kFp8>(p), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
   const int warps = gridDim.x * kWarps, first = blockIdx.x * kWarps + threadIdx.x / kWarp;
   SetFree free = load_set_free(v, core::kLlDispatch, p.set);
+  // The table's first entries (kEarlyEntries per thread) and the rank mask are loaded before the warp's
+  // first work, so that their round trips overlap its loads instead of following them (kThreads >=
+  // kMaxNvlinkRanks: one rank per thread).
+  const int entries = p.num_tokens * p.topk;
+  int64_t early[kEarlyEntries];
+#pragma unroll
+  for (int j = 0; j < kEarlyEntries; ++j) {
+    const int i = threadIdx.x + j * blockDim.x;
+    early[j] = i < entries ? topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, i / p.topk, i % p.topk) : -1;
+  }
+  const bool rank_masked = int(threadIdx.x) < v.team.nranks && is_masked(v, threadIdx.x);
   uint32_t weight = first < routing ? load_weight(p, first) : 0u;
   uint4 vectors[2] = {};
   if (first >= routing && first < work)
     load_item<kFp8>(p, stamp, (first - routing) / per_row, (first - routing) % per_row, vectors);
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
-  // become -1 in a second pass (only when a rank is masked). The mask is loaded first, so that its
-  // latency hides behind the table's (kThreads >= kMaxNvlinkRanks: one rank per thread).
-  const bool rank_masked = int(threadIdx.x) < v.team.nranks && is_masked(v, threadIdx.x);
-  const int entries = p.num_tokens * p.topk;
-  for (int i = threadIdx.x; i < entries; i += blockDim.x) {
-    experts[i] = int16_t(checked_expert(p, i / p.topk, i % p.topk, blockIdx.x == 0));
+  // become -1 in a second pass (only when a rank is masked).
+  const bool record = blockIdx.x == 0;
+#pragma unroll
+  for (int j = 0; j < kEarlyEntries; ++j) {
+    const int i = threadIdx.x + j * blockDim.x;
+    if (i < entries) experts[i] = checked_expert(p, early[j], i / p.topk, i % p.topk, record);
+  }
+  for (int i = threadIdx.x + kEarlyEntries * blockDim.x; i < entries; i += blockDim.x) {
+    const int t = i / p.topk, k = i % p.topk;
+    experts[i] = checked_expert(p, topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, t, k), t, k, record);
   }
   if (int(threadIdx.x) < v.team.nranks) masked[threadIdx.x] = rank_masked;
   if (__syncthreads_or(rank_masked)) {  // its barrier also publishes the table and the mask
@@ -668,14 +684,17 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
   return true;
 }
 
+// `masked`: the CTA's view of the mask (protocol.cuh), set by the send step when the launch ran it (so a
+// warp goes on from its send items to its receive items with no load or barrier between), else here.
 template <bool kFp8>
-__device__ void receive(const DispatchParams& p, uint64_t seq) {
+__device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
   const LlView& v = p.v;
   const int R = v.team.nranks, me = v.team.rank;
   const uint32_t stamp = core::ll_stamp(seq);
-  __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask (protocol.cuh)
-  for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
-  __syncthreads();
+  if (!(p.phases & kSend)) {
+    for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
+    __syncthreads();
+  }
   bool ok = true;
   if (blockIdx.x == gridDim.x - 1) {  // the per-expert outputs
     for (int e = threadIdx.x; ok && e < v.experts_per_rank(); e += blockDim.x) {
@@ -716,8 +735,9 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
   // Not the last CTA: it sends the counts, which every receive waits for (the traces: 2.5 us later).
   if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlDispatch);
   const uint64_t seq = call_sequence(p.v, core::kLlDispatch, p.set);
-  if (p.phases & kSend) send<kFp8>(p, seq);
-  if (p.phases & kReceive) receive<kFp8>(p, seq);
+  __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask: see send and receive
+  if (p.phases & kSend) send<kFp8>(p, seq, masked);
+  if (p.phases & kReceive) receive<kFp8>(p, seq, masked);
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_end>(p.v.team);
 }
 
