@@ -456,6 +456,8 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   uint4 vectors[2] = {};
   if (first >= routing && first < work)
     load_item<kFp8>(p, stamp, (first - routing) / per_row, (first - routing) % per_row, vectors);
+  if (first >= routing && first < work && threadIdx.x % kWarp == 0)
+    transport::trace<transport::TracePoint::ll_dispatch_loaded>(v.team);
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
   // become -1 in a second pass (only when a rank is masked).
   const bool record = blockIdx.x == 0;
