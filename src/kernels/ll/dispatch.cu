@@ -22,23 +22,22 @@
 //       destination rank r of t.
 //     All of them plain volatile stores over NVLink (8-byte words, 16-byte line vectors), in no order.
 //   Receive (rank me). A source masked when the step starts (the CTA's view, taken by the send step when
-//   the launch has both; a masked source counts as
-//   having sent nothing, see protocol.cuh) is not read. Warps take (message, part of its payload) work
-//   items. Message (s, t): the warp waits for manifest word t / 32 of s and, if t's bit is set (else t
-//   sent me nothing), the header's words, in one wait; then for the counts expert_counts(me, set, s')[e] of
-//   each of its slots' experts e and every unmasked s' < s: expert e's rows are source ranks ascending,
-//   tokens ascending, so the message goes to row begin(e, s) + block_row of every unique slot naming e,
-//   begin(e, s) being the sum of those counts. Then it waits for the payload lines of its part, and
-//   stores the part into every row (FP8: the scales too); src_idx too. The part's loads (manifest word,
-//   header, first payload lines) all go out before the first wait: a word or line loaded early vouches
-//   for itself as well.
+//   the launch has both; a masked source counts as having sent nothing, see protocol.cuh) is not read.
+//   Warps take (message, part of its payload) work items. Message (s, t): the warp waits for manifest
+//   word t / 32 of s and, if t's bit is set (else t sent me nothing), the header's words, in one wait;
+//   then for the counts expert_counts(me, set, s')[e] of each of its slots' experts e and every unmasked
+//   s' < s: expert e's rows are source ranks ascending, tokens ascending, so the message goes to row
+//   begin(e, s) + block_row of every unique slot naming e, begin(e, s) being the sum of those counts.
+//   Then it waits for the payload lines of its part, and stores the part into every row (FP8: the scales
+//   too); src_idx too. The part's loads (manifest word, header, first payload lines) all go out before
+//   the first wait: a word or line loaded early vouches for itself as well.
 //   The last CTA writes layout_range, recv_count and the statistics (waiting for every source's counts;
 //   receive items go to CTAs in order, so the last one has the fewest and none waits behind it; in a
-//   launch with the sends it has sent the counts and manifests first). What
-//   combine needs of each message (slots, each slot's packed row and weight; slots 0 for a token that
-//   sent nothing) is kept in private memory, so the set is not read after this step. Then the last CTA
-//   records the call as freed; the signals go out at the start of this rank's next dispatch
-//   (protocol.cuh). Every wait is bounded (wait_for_words).
+//   launch with the sends it has sent the counts and manifests first). What combine needs of each
+//   message (slots, each slot's packed row and weight; slots 0 for a token that sent nothing) is kept in
+//   private memory, so the set is not read after this step. Then the last CTA records the call as freed;
+//   the signals go out at the start of this rank's next dispatch (protocol.cuh). Every wait is bounded
+//   (wait_for_words).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -60,7 +59,7 @@ constexpr int kGroup = 128;  // columns per FP8 scale
 // A send item is 8 lines of one token's row (protocol.cuh's items): for FP8, 7 whole scale groups.
 constexpr int kItemGroups = kLinesPerItem * core::kLlLineDataBytes / kGroup;
 static_assert(kItemGroups * kGroup == kLinesPerItem * core::kLlLineDataBytes, "an item holds whole FP8 groups");
-constexpr int kLineBatch = 4;  // line instructions (16 lines) each receiving warp loads before it stores
+constexpr int kLineBatch = 4;     // line instructions (16 lines) each receiving warp loads before it stores
 constexpr int kEarlyEntries = 2;  // top-k entries each thread loads before its warp's first work (send)
 constexpr float kAmaxFloor = 1e-4f;
 constexpr float kE4m3Max = 448.0f;

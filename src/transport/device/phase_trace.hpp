@@ -36,7 +36,7 @@ enum class TracePoint : int {
   ht_dispatch_signalled,     // the last CTA has signalled the peers
   ht_dispatch_end,           // every peer's rows are here
   ll_dispatch_start,   // LL dispatch (a launch with the sends, the receive step or both): its first CTA has started
-  ll_dispatch_loaded,  // every warp with a send item first has loaded its first item (FP8: and cast it)
+  ll_dispatch_loaded,  // every warp whose first work is a send item has loaded it (FP8: and cast it)
   ll_dispatch_staged,  // every CTA has staged the top-k table
   ll_dispatch_counts_sent,  // the last CTA has written the counts and manifests
   ll_dispatch_free,         // every warp that stores remotely has seen the set freed by every peer (its first check)
