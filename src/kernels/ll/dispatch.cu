@@ -21,16 +21,16 @@
 //       lines (BF16, or FP8 cast once here with its group scales in the stamp vectors) for every
 //       destination rank r of t.
 //     All of them plain volatile stores over NVLink (8-byte words, 16-byte line vectors), in no order.
-//   Receive (rank me). A source masked when the step starts (the CTA's view, taken by the send step when
-//   the launch has both; a masked source counts as having sent nothing, see protocol.cuh) is not read.
-//   Warps take (message, part of its payload) work items. Message (s, t): the warp waits for manifest
-//   word t / 32 of s and, if t's bit is set (else t sent me nothing), the header's words, in one wait;
-//   then for the counts expert_counts(me, set, s')[e] of each of its slots' experts e and every unmasked
-//   s' < s: expert e's rows are source ranks ascending, tokens ascending, so the message goes to row
-//   begin(e, s) + block_row of every unique slot naming e, begin(e, s) being the sum of those counts.
+//   Receive (rank me). A source masked in the CTA's view of the mask (taken when the send step starts in a
+//   launch with both steps, else when the receive step starts; a masked source counts as having sent nothing,
+//   see protocol.cuh) is not read. Warps take (message, part of its payload) work items. Message (s, t): the
+//   warp waits for manifest word t / 32 of s and, if t's bit is set (else t sent me nothing), the header's
+//   words, in one wait; then for the counts expert_counts(me, set, s')[e] of each of its slots' experts e and
+//   every unmasked s' < s: expert e's rows are source ranks ascending, tokens ascending, so the message goes
+//   to row begin(e, s) + block_row of every unique slot naming e, begin(e, s) being the sum of those counts.
 //   Then it waits for the payload lines of its part, and stores the part into every row (FP8: the scales
-//   too); src_idx too. The part's loads (manifest word, header, first payload lines) all go out before
-//   the first wait: a word or line loaded early vouches for itself as well.
+//   too); src_idx too. The part's loads (manifest word, header, first payload lines) all go out before the
+//   first wait: a word or line loaded early vouches for itself as well.
 //   The last CTA writes layout_range, recv_count and the statistics (waiting for every source's counts;
 //   receive items go to CTAs in order, so the last one has the fewest and none waits behind it; in a
 //   launch with the sends it has sent the counts and manifests first). What combine needs of each
@@ -69,9 +69,9 @@ using core::LlWord;
 
 // ---- Send ----
 
-// Slot k of token t's entry `e` of the caller's top-k table (a load of topk_at) as the staged table
-// holds it: an id outside [-1, E) counts as -1, and is recorded (the first on this rank) when `record`
-// is set. Read once per entry and CTA (see send).
+// `e`, the caller's top-k entry for slot k of token t (from topk_at), as the staged table holds it: an id
+// outside [-1, E) counts as -1, and is recorded (the first on this rank) when `record` is set. Read once
+// per entry and CTA (see send).
 __device__ int16_t checked_expert(const DispatchParams& p, int64_t e, int t, int k, bool record) {
   if (e >= -1 && e < p.v.num_experts) return int16_t(e);
   LlHostReport* report = p.v.host_report;
@@ -470,7 +470,9 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
     experts[i] = checked_expert(p, topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, t, k), t, k, record);
   }
   if (int(threadIdx.x) < v.team.nranks) masked[threadIdx.x] = rank_masked;
-  if (__syncthreads_or(rank_masked)) {  // its barrier also publishes the table and the mask
+  // Its barrier also publishes the table and the mask (which the receive step of a launch with both
+  // steps reads with no barrier of its own: every thread of every CTA passes this one).
+  if (__syncthreads_or(rank_masked)) {
     for (int i = threadIdx.x; i < entries; i += blockDim.x) {
       if (experts[i] >= 0 && masked[experts[i] / v.experts_per_rank()]) experts[i] = -1;
     }
@@ -685,8 +687,9 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
   return true;
 }
 
-// `masked`: the CTA's view of the mask (protocol.cuh), set by the send step when the launch ran it (so a
-// warp goes on from its send items to its receive items with no load or barrier between), else here.
+// `masked`: the CTA's view of the mask (protocol.cuh), set and published by the send step's staging when
+// the launch ran it (so a warp goes on from its send items to its receive items with no load or barrier
+// between), else here.
 template <bool kFp8>
 __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
   const LlView& v = p.v;
