@@ -444,31 +444,33 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   // first work, so that their round trips overlap its loads instead of following them (kThreads >=
   // kMaxNvlinkRanks: one rank per thread).
   const int entries = p.num_tokens * p.topk;
+  const auto entry = [&](int i) {  // entry i of the caller's table, flattened (token i / K, slot i % K)
+    return topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, i / p.topk, i % p.topk);
+  };
   int64_t early[kEarlyEntries];
 #pragma unroll
   for (int j = 0; j < kEarlyEntries; ++j) {
     const int i = threadIdx.x + j * blockDim.x;
-    early[j] = i < entries ? topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, i / p.topk, i % p.topk) : -1;
+    early[j] = i < entries ? entry(i) : -1;
   }
   const bool rank_masked = int(threadIdx.x) < v.team.nranks && is_masked(v, threadIdx.x);
   uint32_t weight = first < routing ? load_weight(p, first) : 0u;
   uint4 vectors[2] = {};
-  if (first >= routing && first < work)
+  if (first >= routing && first < work) {
     load_item<kFp8>(p, stamp, (first - routing) / per_row, (first - routing) % per_row, vectors);
-  if (first >= routing && first < work && threadIdx.x % kWarp == 0)
-    transport::trace<transport::TracePoint::ll_dispatch_loaded>(v.team);
+    if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_loaded>(v.team);
+  }
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
   // become -1 in a second pass (only when a rank is masked).
-  const bool record = blockIdx.x == 0;
+  const auto stage = [&](int i, int64_t e) {
+    experts[i] = checked_expert(p, e, i / p.topk, i % p.topk, blockIdx.x == 0);
+  };
 #pragma unroll
   for (int j = 0; j < kEarlyEntries; ++j) {
     const int i = threadIdx.x + j * blockDim.x;
-    if (i < entries) experts[i] = checked_expert(p, early[j], i / p.topk, i % p.topk, record);
+    if (i < entries) stage(i, early[j]);
   }
-  for (int i = threadIdx.x + kEarlyEntries * blockDim.x; i < entries; i += blockDim.x) {
-    const int t = i / p.topk, k = i % p.topk;
-    experts[i] = checked_expert(p, topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, t, k), t, k, record);
-  }
+  for (int i = threadIdx.x + kEarlyEntries * blockDim.x; i < entries; i += blockDim.x) stage(i, entry(i));
   if (int(threadIdx.x) < v.team.nranks) masked[threadIdx.x] = rank_masked;
   // Its barrier also publishes the table and the mask (which the receive step of a launch with both
   // steps reads with no barrier of its own: every thread of every CTA passes this one).
