@@ -89,7 +89,7 @@ kh::BufferView HtBuffer::Impl::make_view() const {
   v.base = team.impl().symmetric_view(memory);
   v.notify_counts = areas.notify_counts;
   v.notify_expert_counts = areas.notify_expert_counts;
-  v.flags = areas.flags;
+  v.done_words = areas.done_words;
   v.combine_progress = areas.combine_progress;
   v.sequence = areas.sequence;
   v.recv_x = areas.recv_x;

@@ -15,7 +15,7 @@ HtAreas ht_areas(const HtBufferOptions& o, int num_ranks) {
   AreaCursor c;
   a.notify_counts = c.take(sizeof(uint64_t) * R * (R + 1));
   a.notify_expert_counts = c.take(sizeof(uint64_t) * R * a.experts_per_rank());
-  a.flags = c.take(sizeof(uint64_t) * kHtFlagKinds * R);
+  a.done_words = c.take(sizeof(uint64_t) * kHtFlagKinds * R * kMaxCtas);
   a.combine_progress = c.take(sizeof(uint64_t) * R * kCombineCopyCtas);
   a.sequence = c.take(sizeof(uint64_t) * kHtFlagKinds);
   a.recv_x = c.take(rows * a.x_row_bytes);

@@ -1,7 +1,8 @@
 // Where everything of an HtBuffer lives in its symmetric allocation (the same offsets on every rank).
 //
-//   control   notify counts and flags (see src/kernels/ht/count_exchange.cuh for who writes what), and
-//             the progress words of the combine input's copy (src/kernels/ht/combine_input.cu)
+//   control   notify counts and done words (see src/kernels/ht/count_exchange.cuh and protocol.cuh for who
+//             writes what), and the progress words of the combine input's copy
+//             (src/kernels/ht/combine_input.cu)
 //   dispatch  the receive area: R * T_max rows of x, scales, src_idx, topk_idx, topk_weights
 //   combine   combine's input: one row of y (and weights) per received row, which the home ranks read
 //
@@ -12,14 +13,15 @@
 #include <cstdint>
 
 #include "core/stamped_word.hpp"
+#include "core/validate.hpp"
 #include "epx/ht.hpp"
 
 namespace epx::core {
 
-// The flags of an HtBuffer: uint64 counters [kind][source rank] in the receiving rank's control area.
-// All grow by one per call, so a waiter asks for "at least the call number". Who writes and who waits
-// is documented with the kernels (src/kernels/ht/). sequence[kind] is this rank's call number of the
-// op that signals that kind.
+// The "done" signals of an HtBuffer: stamped words [kind][source rank][CTA] in the receiving rank's
+// control area. CTA c of the source's kernel for call n stores stamped(n, its grid size) into word c once
+// its part is done, so a waiter knows from word 0 how many words to wait for (src/kernels/ht/protocol.cuh).
+// sequence[kind] is this rank's call number of the op that signals that kind.
 enum HtFlag : int {
   kDispatchDone = 0,  // source s finished writing its rows to me
   kCombineDone,       // home rank s finished reading my combine input
@@ -52,7 +54,7 @@ struct HtAreas {
   // Offsets in the symmetric allocation.
   std::size_t notify_counts = 0;  // stamped [R source][R + 1]: source's tokens per destination rank, then its status
   std::size_t notify_expert_counts = 0;   // stamped [R source][E_local]: source's tokens per local expert
-  std::size_t flags = 0;                  // uint64 [kHtFlagKinds][R source]
+  std::size_t done_words = 0;             // stamped [kHtFlagKinds][R source][kMaxCtas]
   std::size_t combine_progress = 0;       // uint64 [R expert side][kCombineCopyCtas]: progress words of the copies
                                           // of my rows into each rank's combine input
   std::size_t sequence = 0;               // uint64 [kHtFlagKinds]: this rank's call numbers (owner only;

@@ -56,8 +56,8 @@ void check_optional_tensor(const TensorRef& t, const Expect& e) {
 }
 
 void check_num_sms(const char* what, int num_sms, int num_ranks, bool single_gpu, int sm_count) {
-  EPX_REQUIRE(num_sms >= 1 && num_sms <= 1024,
-              std::string(what) + " must be in [1, 1024], got " + std::to_string(num_sms));
+  EPX_REQUIRE(num_sms >= 1 && num_sms <= kMaxCtas,
+              std::string(what) + " must be in [1, " + std::to_string(kMaxCtas) + "], got " + std::to_string(num_sms));
   EPX_REQUIRE(!single_gpu || num_sms * num_ranks <= sm_count,
               std::string(what) + " = " + std::to_string(num_sms) + " on a single-GPU team of " +
                   std::to_string(num_ranks) + " ranks needs " + std::to_string(num_sms * num_ranks) +

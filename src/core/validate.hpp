@@ -26,7 +26,10 @@ void check_optional_tensor(const TensorRef& t, const Expect& e);
 
 std::string shape_string(const TensorRef& t);
 
-// A config's CTA count (`what`: "HtConfig::num_sms" or "LlConfig::num_sms") on a team of `num_ranks`
+// The most CTAs a config may ask for (HtConfig::num_sms, LlConfig::num_sms).
+inline constexpr int kMaxCtas = 1024;
+
+// A config's CTA count (`what`: "HtConfig::num_sms" or "LlConfig::num_sms", 1 to kMaxCtas) on a team of `num_ranks`
 // whose GPU has `sm_count` SMs. On one GPU (`single_gpu`) the ranks' CTAs wait for each other, so all of
 // them must be resident at once.
 void check_num_sms(const char* what, int num_sms, int num_ranks, bool single_gpu, int sm_count);

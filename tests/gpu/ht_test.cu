@@ -145,14 +145,16 @@ INSTANTIATE_TEST_SUITE_P(Cases, HtExchange, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<HtCase>& info) { return info.param.name; });
 
 // Makes a new buffer's state that of one that has run `calls` dispatches and combines: this rank's
-// call numbers and the flags its peers raise in its memory (they raise them only once this rank has
-// joined a call, so no peer's signal can come before these writes).
+// call numbers and the done words its peers write in its memory, each with the stamp of call `calls`
+// (they write them only once this rank has joined a call, so no peer's signal can come before these
+// writes).
 void start_calls_at(HtBuffer& buffer, const HtBufferOptions& options, int R, uint64_t calls) {
   const core::HtAreas areas = core::ht_areas(options, R);
   char* base = static_cast<char*>(buffer.combine_input(0, options.hidden).data) - areas.combine_input;
-  const std::vector<uint64_t> sequence(core::kHtFlagKinds, calls), flags(std::size_t(core::kHtFlagKinds) * R, calls);
+  const std::vector<uint64_t> sequence(core::kHtFlagKinds, calls);
+  const std::vector<uint64_t> done(std::size_t(core::kHtFlagKinds) * R * core::kMaxCtas, core::stamped(calls, 1));
   copy_host_to_device(base + areas.sequence, sequence.data(), sequence.size() * sizeof(uint64_t));
-  copy_host_to_device(base + areas.flags, flags.data(), flags.size() * sizeof(uint64_t));
+  copy_host_to_device(base + areas.done_words, done.data(), done.size() * sizeof(uint64_t));
 }
 
 // Two rounds of dispatch and combine (with the copy of y) on a buffer whose call numbers start just

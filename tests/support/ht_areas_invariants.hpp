@@ -13,7 +13,7 @@ namespace epx::test {
 // Returns "" when `a` (made from `o` for `num_ranks`) keeps every invariant, else the first one broken.
 inline std::string broken_ht_areas_invariant(const core::HtAreas& a, const HtBufferOptions& o, int num_ranks) {
   const std::size_t offsets[] = {
-      a.notify_counts, a.notify_expert_counts,  a.flags,        a.combine_progress, a.sequence,
+      a.notify_counts, a.notify_expert_counts,  a.done_words,   a.combine_progress, a.sequence,
       a.recv_x,        a.recv_scales,           a.recv_src_idx, a.recv_topk_idx,    a.recv_topk_weights,
       a.combine_input, a.combine_input_weights, a.total};
   for (std::size_t i = 0; i + 1 < sizeof(offsets) / sizeof(offsets[0]); ++i) {
@@ -23,6 +23,8 @@ inline std::string broken_ht_areas_invariant(const core::HtAreas& a, const HtBuf
   const std::size_t R = num_ranks, rows = R * o.max_tokens_per_rank, row_bytes = std::size_t(o.hidden) * 2;
   if (a.recv_rows != int64_t(rows)) return "recv_rows is not R * max_tokens_per_rank";
   if (a.notify_expert_counts - a.notify_counts < sizeof(uint64_t) * R * (R + 1)) return "the count area is short";
+  if (a.combine_progress - a.done_words < sizeof(uint64_t) * core::kHtFlagKinds * R * core::kMaxCtas)
+    return "the done words are short";
   if (a.sequence - a.combine_progress < sizeof(uint64_t) * R * core::kCombineCopyCtas)
     return "the progress area is short";
   if (a.recv_scales - a.recv_x < rows * row_bytes) return "the receive area is short";

@@ -29,53 +29,36 @@ __device__ bool wait_for_all_ranks(const transport::TeamView& team, WaitFor wait
   return __syncthreads_and(ok);
 }
 
-// How last_cta_done orders the CTAs' accesses before what the last CTA does next.
-enum class LastCta {
-  publishes,  // system fences: every CTA's stores are visible to peers before the last CTA's signal
-  counts,     // a GPU-scope acquire-release count only: for a signal that publishes no data (its CTAs
-              // only read), or one that only this GPU's next kernels read
-};
-
-// Called by every thread of every CTA once its own stores are issued. Each CTA: __syncthreads; thread 0
-// adds one to `blocks_done`, a private counter that is zero between kernels (LastCta::publishes: after a
-// __threadfence_system; a build with the weaker fence.acq_rel.sys lost rows on single-GPU teams). The
-// CTA that brings it to gridDim.x is the last: it resets the counter (and `work_claimed`, a kernel's
-// private count of claimed work items, when given: every CTA claims its last item before it counts
-// itself done) and (publishes) fences again, so every CTA's stores (and loads) are ordered before
-// whatever release it issues next. Returns true on every thread of the last CTA.
-template <LastCta kOrder = LastCta::publishes>
-__device__ bool last_cta_done(uint32_t* blocks_done, uint32_t* work_claimed = nullptr) {
+// Called by every thread of every CTA once its own accesses of the kernel are issued. Each CTA:
+// __syncthreads; thread 0 adds one to `blocks_done`, a private counter that is zero between kernels, with
+// a GPU-scope acquire-release add (no fence: the count publishes nothing to peers; a signal that does
+// publishes data fences on its own, as HT's signal_done). The CTA that brings it to gridDim.x is the last:
+// it resets the counter (and `work_claimed`, a kernel's private count of claimed work items, when given:
+// every CTA claims its last item before it counts itself done), and every CTA's accesses before its add
+// are ordered before what the last CTA does next on this GPU. Returns true on every thread of the last CTA.
+__device__ inline bool last_cta_done(uint32_t* blocks_done, uint32_t* work_claimed = nullptr) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    uint32_t before;
-    if constexpr (kOrder == LastCta::publishes) {
-      __threadfence_system();
-      before = atomicAdd(blocks_done, 1u);
-    } else {
-      before = transport::add_acq_rel_gpu(blocks_done, 1u);
-    }
-    last = before == gridDim.x - 1;
+    last = transport::add_acq_rel_gpu(blocks_done, 1u) == gridDim.x - 1;
     if (last) {
       *blocks_done = 0;
       if (work_claimed != nullptr) *work_claimed = 0;
-      if constexpr (kOrder == LastCta::publishes) __threadfence_system();
     }
   }
   __syncthreads();
   return last;
 }
 
-// Called by every thread of every CTA once its own stores are issued (see last_cta_done). The last CTA's
-// thread 0 calls signal(), unless the team has failed: a failed team signals nothing (its stores may be
-// incomplete, and its peers then time out themselves instead of taking them as finished). Returns true
-// on every thread of the last CTA when it signalled.
-template <LastCta kOrder = LastCta::publishes, typename Signal>
-__device__ bool signal_when_last(const transport::TeamView& team, uint32_t* blocks_done, Signal signal,
-                                 uint32_t* work_claimed = nullptr) {
+// Called by every thread of every CTA once its own accesses are issued (see last_cta_done). The last
+// CTA's thread 0 calls signal(), unless the team has failed: a failed team signals nothing (its stores
+// may be incomplete, and its peers then time out themselves instead of taking them as finished). Returns
+// true on every thread of the last CTA when it signalled.
+template <typename Signal>
+__device__ bool signal_when_last(const transport::TeamView& team, uint32_t* blocks_done, Signal signal) {
   __shared__ bool signalled;
-  const bool failed = threadIdx.x == 0 && team_failed(team);            // loaded early: hidden behind the count
-  if (!last_cta_done<kOrder>(blocks_done, work_claimed)) return false;  // the same answer on every thread of a CTA
+  const bool failed = threadIdx.x == 0 && team_failed(team);  // loaded early: hidden behind the count
+  if (!last_cta_done(blocks_done)) return false;              // the same answer on every thread of a CTA
   if (threadIdx.x == 0) {
     signalled = !failed;
     if (signalled) signal();

@@ -12,7 +12,7 @@
 // kSlots - 1 pieces loading; the lanes add each piece from shared memory as it lands, and after a
 // chunk's last rank they write that chunk of out[t].
 //
-// Protocol (flags of core::HtFlag):
+// Protocol (done words of core::HtFlag):
 //   * Every CTA computes seq = sequence[kCombineDone] + 1; the last CTA stores it once every home rank
 //     has read every row of this rank's combine input (completion, below), so after every CTA of this
 //     kernel has read the old value (the copy kernel's CTAs read it before this kernel can start).
@@ -37,12 +37,14 @@
 //     that slot's mbarrier (lane 0 announces the bytes, the copy engine completes them; every lane
 //     waits, bounded). Lane 0 reloads a slot only after __syncwarp has followed every lane's reads of
 //     its previous piece, and a proxy fence orders those reads before the copy engine's writes.
-//   * Completion: each CTA fences and adds to a private counter once every piece it started has
-//     landed; the last one adds 1 to flag[kCombineDone][me] on every rank ("I have finished reading
-//     your input"), waits until its own flag[kCombineDone][r] >= seq for every r, and then stores
-//     sequence = seq. So when the kernel ends, nobody reads this rank's combine input any more, and the
-//     caller may write the next one in stream order (what follows on the stream follows the copy kernel
-//     too).
+//   * Completion: once every piece it started has landed, each CTA signals kCombineDone to every rank
+//     ("I have finished reading your input"; signal_done, protocol.cuh) and counts itself in a private
+//     counter; the one that counts itself last waits until every CTA of every rank r has signalled
+//     (wait_for_every_cta) and then stores sequence = seq. So when the kernel ends, nobody reads this
+//     rank's combine input any more, and the caller may write the next one in stream order (what
+//     follows on the stream follows the copy kernel too). A CTA of a home rank that reads nothing of
+//     this rank signals at once, so its next call's signal may come while this rank still waits for
+//     this one's: the wait takes it as this call's (protocol.cuh).
 //     (A warp whose wait expired stops with loads possibly in flight; its team has failed then, and
 //     signals nothing.)
 #include <cuda_bf16.h>
@@ -332,11 +334,8 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
 
   // The last CTA stores sequence = seq only once every rank is done: the copy kernel's CTAs read the old
   // value too, and each one that signals does so before the home rank reading its rows can be done.
-  const bool last = signal_when_last(b.team, a.blocks_done, [&] {
-    for (int r = 0; r < R; ++r) transport::add_release_sys(b.flag(r, core::kCombineDone, me), 1);
-  });
-  if (last && wait_for_every_rank(b, core::kCombineDone, seq, transport::WaitPhase::ht_combine_done) &&
-      threadIdx.x == 0) {
+  if (signal_done(b, core::kCombineDone, seq, a.blocks_done) &&
+      wait_for_every_cta(b, core::kCombineDone, seq, transport::WaitPhase::ht_combine_done) && threadIdx.x == 0) {
     *sequence = seq;
   }
 }

@@ -21,14 +21,14 @@
 //     nothing else waits for that.
 //   * Worst-case form: once the counts are known, all CTAs together mark the padding rows
 //     [N, num_worst) as "no token" (src_idx -1, topk_idx -1, weights 0; x is left as it is).
-//   * Each warp's lane 0 waits until its bulk stores are performed (bulk_wait_all), then each CTA:
-//     __syncthreads; thread 0: system fence, one add to `blocks_done` (a private counter). The CTA that
-//     brings it to gridDim.x is the last: it resets the counter and tokens_claimed (every warp made its
-//     last claim before its CTA counted itself) and fences again (last_cta_done); then its thread 0
-//     stores sequence = seq and adds 1 to flag[kDispatchDone][me] on every rank d (release). The
-//     fences chain every CTA's stores before those releases.
-//   * The last CTA then waits (acquire) until its own flag[kDispatchDone][s] >= seq for every source s:
-//     when the kernel ends, every row of this dispatch has arrived here.
+//   * Each warp's lane 0 waits until its bulk stores are performed (bulk_wait_all), then each CTA
+//     signals kDispatchDone to every rank d on its own (signal_done, protocol.cuh: a CTA barrier, a
+//     system fence, its done word in d's memory), and then counts itself in `blocks_done` (a private
+//     counter). The CTA that counts itself last resets the counter and tokens_claimed (every warp made
+//     its last claim before its CTA counted itself) and stores sequence = seq.
+//   * That CTA then waits until every CTA of every source s has signalled (wait_for_every_cta): when the
+//     kernel ends, every row of this dispatch has arrived here. (A source's next dispatch cannot signal
+//     while this rank waits: each of its CTAs first waits for this rank's counts of that call.)
 #include <algorithm>
 
 #include "core/cuda_check.hpp"
@@ -256,11 +256,13 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
     transport::trace<transport::TracePoint::ht_dispatch_stores_done>(b.team);
   }
 
-  // A team that failed (a wait of this rank expired) signals nothing: its rows may be incomplete, and
-  // the peers then time out themselves instead of taking them as a finished dispatch.
-  if (!last_cta_signals(b, core::kDispatchDone, a.blocks_done, a.tokens_claimed, sequence, seq)) return;
-  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_dispatch_signalled>(b.team);
-  wait_for_every_rank(b, core::kDispatchDone, seq, transport::WaitPhase::ht_dispatch_done);
+  // A team that failed (a wait of this rank expired) signals nothing (signal_done).
+  if (!signal_done(b, core::kDispatchDone, seq, a.blocks_done, a.tokens_claimed)) return;
+  if (threadIdx.x == 0) {
+    *sequence = seq;
+    transport::trace<transport::TracePoint::ht_dispatch_signalled>(b.team);
+  }
+  wait_for_every_cta(b, core::kDispatchDone, seq, transport::WaitPhase::ht_dispatch_done);
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_dispatch_end>(b.team);
 }
 

@@ -12,7 +12,7 @@ namespace epx::kernels::ht {
 struct BufferView {
   transport::TeamView team;
   transport::SymmetricView base;  // base.base[r]: rank r's HtBuffer allocation
-  uint64_t notify_counts, notify_expert_counts, flags, combine_progress, sequence;
+  uint64_t notify_counts, notify_expert_counts, done_words, combine_progress, sequence;
   uint64_t recv_x, recv_scales, recv_src_idx, recv_topk_idx, recv_topk_weights;
   uint64_t combine_input, combine_input_weights;
   int32_t num_experts;
@@ -25,8 +25,9 @@ struct BufferView {
   // notify_counts is [R source][R + 1] stamped words: the source's tokens per destination rank, then its
   // status (core::stamped: the low 32 bits of the dispatch's call number above the value).
   __host__ __device__ int notify_stride() const { return team.nranks + 1; }
-  __device__ uint64_t* flag(int owner, int kind, int source) const {
-    return at<uint64_t>(owner, flags) + kind * team.nranks + source;
+  // owner's done word of CTA c of `source`'s kernel (core::HtFlag kind `kind`).
+  __device__ uint64_t* done_word(int owner, int kind, int source, int c) const {
+    return at<uint64_t>(owner, done_words) + (int64_t(kind) * team.nranks + source) * core::kMaxCtas + c;
   }
   // owner's progress word of copy CTA l of expert side r (core::kCombineCopyCtas of them).
   __device__ uint64_t* combine_progress_of(int owner, int r, int l) const {

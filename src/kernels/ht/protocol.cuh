@@ -1,5 +1,5 @@
-// The protocol steps every HT kernel shares (the flags are core::HtFlag; see each kernel's header
-// comment for who signals what).
+// The protocol steps every HT kernel shares (the done signals are core::HtFlag; see each kernel's header
+// comment for what its signal covers).
 #pragma once
 
 #include <cstdint>
@@ -21,26 +21,78 @@ __device__ inline bool wait_for_stamp(const transport::TeamView& team, const uin
       core::stamped(call, at_least), site);
 }
 
-// The whole CTA waits until this rank's flag[kind][r] >= seq for every rank r (wait_for_all_ranks).
-__device__ inline bool wait_for_every_rank(const BufferView& b, int kind, uint64_t seq, transport::WaitPhase phase) {
-  return wait_for_all_ranks(b.team, [&](int r) {
-    return transport::wait_at_least(b.team, b.flag(b.team.rank, kind, r), seq, transport::WaitSite{phase, r, 0});
-  });
+// ---- "Done" signals (core::HtFlag, in the done words of core::HtAreas) ----
+// Who writes: CTA c of rank s's kernel for call seq, once the accesses its signal covers are done (a
+// dispatch CTA: its row and metadata stores; a combine CTA: its reads of the peers' combine input).
+// Thread 0 makes them visible with a system fence (__threadfence_system, after a CTA barrier) and then
+// stores done_word(r, kind, s, c) = stamped(seq, gridDim.x) on every rank r, relaxed: fence and store
+// together are a release. No CTA waits for another before it signals.
+// Who waits: the CTA of rank r that counts itself last (last_cta_done). Thread i waits for source
+// (i % R)'s words c = i / R, i / R + P, ... below the grid size that word 0 carries, polling word 0
+// with each word (P = max(1, min(blockDim.x / R, gridDim.x))). Once a word shows its stamp, an acquire
+// load of it orders what its CTA did before, and the CTA barrier that follows orders it for every thread.
+// What a word can hold while r waits for call seq: an earlier call's stamp, seq's, or seq + 1's (a
+// combine CTA that reads nothing of r signals without waiting for r, so s may be in its next call
+// already; never seq + 2, which needs r's signals of seq + 1). seq + 1 in word c counts as seq's signal
+// too, and in word 0 as all of them: s started its next call of the op only after its kernel for seq,
+// every CTA of which had signalled, had ended.
+
+// Called by every thread of every CTA once the accesses its signal covers are issued and waited for.
+// Signals `kind` to every rank (above), unless the team has failed: a failed team signals nothing (its
+// stores may be incomplete, and its peers then time out themselves instead of taking them as done).
+// Then counts the CTA (last_cta_done), so that the last CTA may reset the kernel's private words
+// (blocks_done, work_claimed) and store the call number. Returns true on every thread of the last CTA,
+// unless the team had failed when its thread 0 looked.
+__device__ inline bool signal_done(const BufferView& b, int kind, uint64_t seq, uint32_t* blocks_done,
+                                   uint32_t* work_claimed = nullptr) {
+  __shared__ bool failed;
+  const bool failed_here = threadIdx.x == 0 && transport::team_failed(b.team);  // loaded before the barrier
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    failed = failed_here;
+    if (!failed_here) {
+      __threadfence_system();
+      for (int r = 0; r < b.team.nranks; ++r)
+        transport::store_relaxed_sys(b.done_word(r, kind, b.team.rank, blockIdx.x), core::stamped(seq, gridDim.x));
+    }
+  }
+  const bool last = last_cta_done(blocks_done, work_claimed);  // its barriers publish `failed`
+  return last && !failed;
 }
 
-// Called by every thread of every CTA once its own stores are issued (signal_when_last). The last
-// CTA's thread 0 stores sequence = seq (every CTA has read the old value by then), then adds 1 to
-// flag[kind][me] on every rank (release). Returns true on every thread of the last CTA, unless the
-// team has failed: a failed team signals nothing.
-__device__ inline bool last_cta_signals(const BufferView& b, int kind, uint32_t* blocks_done, uint32_t* work_claimed,
-                                        uint64_t* sequence, uint64_t seq) {
-  return signal_when_last(
-      b.team, blocks_done,
-      [&] {
-        *sequence = seq;
-        for (int r = 0; r < b.team.nranks; ++r) transport::add_release_sys(b.flag(r, kind, b.team.rank), 1);
-      },
-      work_claimed);
+// The whole CTA waits until every CTA of every rank has signalled `kind` for call seq to this rank
+// (above). Returns false on every thread when a wait expired or the team failed.
+__device__ inline bool wait_for_every_cta(const BufferView& b, int kind, uint64_t seq, transport::WaitPhase phase) {
+  // Pollers per source: one per CTA where the sources run grids of this kernel's size (as they do with one
+  // config on every rank), so that no more threads than words poll; any grid size is waited for alike.
+  const int R = b.team.nranks, pollers = max(1, min(int(blockDim.x) / R, int(gridDim.x)));
+  const auto signalled = [seq](uint64_t word) {
+    return core::stamped_in(word, seq) || core::stamped_in(word, seq + 1);
+  };
+  bool ok = true;
+  for (int i = threadIdx.x; ok && i < R * pollers; i += blockDim.x) {
+    const int r = i % R;
+    const uint64_t* words = b.done_word(b.team.rank, kind, r, 0);
+    for (int c = i / R;; c += pollers) {
+      bool next_call = false;  // word 0 shows seq + 1
+      uint32_t ctas = 0;       // r's grid size for seq, once word 0 shows it
+      const auto arrived = [&] {
+        const uint64_t first = transport::load_relaxed_sys(words);
+        next_call = core::stamped_in(first, seq + 1);
+        if (next_call) return true;
+        if (!core::stamped_in(first, seq)) return false;
+        ctas = min(core::stamped_value(first), uint32_t(core::kMaxCtas));  // a source's grid is at most that
+        return c >= int(ctas) || signalled(transport::load_relaxed_sys(words + c));
+      };
+      const auto observed = [&] { return transport::load_relaxed_sys(ctas == 0 ? words : words + c); };
+      ok = transport::spin_until(b.team, arrived, core::stamped(seq, 0), observed,
+                                 transport::WaitSite{phase, r, uint32_t(c)});
+      if (!ok || (!next_call && c >= int(ctas))) break;
+      transport::load_acquire_sys(next_call ? words : words + c);
+      if (next_call) break;
+    }
+  }
+  return __syncthreads_and(ok);
 }
 
 }  // namespace epx::kernels::ht

@@ -244,11 +244,11 @@ __device__ inline bool ensure_set_free(const LlView& v, int op, int set, uint64_
 }
 
 // Every thread of every CTA calls it once its reads for the receive step of call seq on (op, set) are
-// done. The last CTA (signal_when_last with LastCta::counts: no fence) sets this rank's own freed(me,
+// done. The last CTA (signal_when_last: a GPU-scope count, no fence) sets this rank's own freed(me,
 // op, set, me) = seq and records the call in pending_freed[op] for signal_pending_freed, unless the
 // team failed. `blocks_done` is the step's private CTA counter (zero between kernels).
 __device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_done, int op, int set, uint64_t seq) {
-  signal_when_last<LastCta::counts>(v.team, blocks_done, [&] {
+  signal_when_last(v.team, blocks_done, [&] {
     *v.freed_flag(v.team.rank, op, set, v.team.rank) = seq;
     *v.pending_freed_of(op) = (seq << 1) | uint64_t(set);
   });
