@@ -40,8 +40,12 @@ inline constexpr int kCombineCopyCtas = 32;
 // every count word in every call that reads it, and buffers start at call 1. A copy CTA l rewrites its progress word
 // only in a call where it has groups; when it has none, the block has at most l groups, and what its word promises (at
 // least l groups) covers none of them, whatever the word holds (combine.cu: the prefix is a minimum over the words).
-// Used for the dispatch's counts and for the combine copy's progress words (the groups copied; all of them:
-// kEveryGroup).
+// The done words (src/kernels/ht/protocol.cuh) differ: a waiter also takes the next call's stamp (a combine CTA that
+// reads nothing of a rank may signal that rank's next call early), so a word is misread only when it was last written
+// 2^32 or 2^32 - 1 calls before; a word is rewritten in every call whose grid has its CTA, and one never written is
+// never taken (its value, 0, is no grid size).
+// Used for the dispatch's counts, for the combine copy's progress words (the groups copied; all of them:
+// kEveryGroup) and for the done words (the sender's grid size).
 inline constexpr uint32_t kEveryGroup = 0xFFFFFFFFu;
 
 struct HtAreas {

@@ -35,7 +35,10 @@ const char* phase_name(WaitPhase phase) {
   return "unknown phase";
 }
 
-bool waits_for_stamp(WaitPhase phase) { return phase == WaitPhase::ht_notify || phase == WaitPhase::ht_combine_ready; }
+bool waits_for_stamp(WaitPhase phase) {
+  return phase == WaitPhase::ht_notify || phase == WaitPhase::ht_combine_ready ||
+         phase == WaitPhase::ht_dispatch_done || phase == WaitPhase::ht_combine_done;
+}
 
 std::string describe(const WaitReport& report) {
   if (std::atomic_ref<const uint32_t>(report.complete).load() == 0u) {

@@ -36,7 +36,8 @@ TEST(WaitReport, DescribesAStampedWordByItsHalves) {
             "call stamp 0 with a value >= 0, saw call stamp 4294967295 with value 100 (is that rank alive and "
             "running the same operation?)");
   EXPECT_TRUE(waits_for_stamp(WaitPhase::ht_combine_ready));
-  EXPECT_FALSE(waits_for_stamp(WaitPhase::ht_dispatch_done));
+  EXPECT_TRUE(waits_for_stamp(WaitPhase::ht_dispatch_done));
+  EXPECT_FALSE(waits_for_stamp(WaitPhase::ht_layout));
 }
 
 TEST(WaitReport, AnIncompleteReportSaysSo) {

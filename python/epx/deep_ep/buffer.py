@@ -550,7 +550,7 @@ class Buffer:
         return self._ll
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
-        """Nothing to do in epx: its flags only grow, so no buffer needs zeroing between HT and LL calls."""
+        """Nothing to do in epx: its flags only grow or carry the call's stamp, so no buffer needs zeroing."""
         _int(num_max_dispatch_tokens_per_rank, "num_max_dispatch_tokens_per_rank")
         _int(hidden, "hidden")
         _int(num_experts, "num_experts")

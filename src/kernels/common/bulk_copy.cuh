@@ -88,7 +88,7 @@ __device__ __forceinline__ void bulk_wait_read() {
 }
 
 // Every committed store performed, and ordered before this thread's later generic-proxy operations
-// (the flag releases that publish the rows).
+// (the fence and done signals that publish the rows).
 __device__ __forceinline__ void bulk_wait_all() {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   fence_async_global();

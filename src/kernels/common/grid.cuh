@@ -1,5 +1,6 @@
-// Grid-wide steps every kernel family shares: waiting for every rank, and "which CTA finished
-// last" (the one that may signal peers once every CTA's stores are done).
+// Grid-wide steps every kernel family shares: programmatic dependent launch, and "which CTA finished
+// last" (a GPU-scope count: the last CTA may reset the kernel's private state or record a signal that
+// publishes nothing; a signal that publishes data to peers fences first, as HT's signal_done).
 #pragma once
 
 #include <cstdint>
@@ -18,16 +19,6 @@ constexpr int kWarp = 32;
 // that kernel has completed and its writes are visible. Without such a launch both return at once.
 __device__ inline void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ inline void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
-// The whole CTA waits until wait_for(r) has returned for every rank r; thread r waits for rank r.
-// wait_for(r) is a bounded wait (wait_at_least) that returns false when the team failed. Returns false on
-// every thread when a wait did.
-template <typename WaitFor>
-__device__ bool wait_for_all_ranks(const transport::TeamView& team, WaitFor wait_for) {
-  bool ok = true;
-  for (int r = threadIdx.x; r < team.nranks; r += blockDim.x) ok = ok && wait_for(r);
-  return __syncthreads_and(ok);
-}
 
 // Called by every thread of every CTA once its own accesses of the kernel are issued. Each CTA:
 // __syncthreads; thread 0 adds one to `blocks_done`, a private counter that is zero between kernels, with

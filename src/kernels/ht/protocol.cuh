@@ -35,7 +35,9 @@ __device__ inline bool wait_for_stamp(const transport::TeamView& team, const uin
 // combine CTA that reads nothing of r signals without waiting for r, so s may be in its next call
 // already; never seq + 2, which needs r's signals of seq + 1). seq + 1 in word c counts as seq's signal
 // too, and in word 0 as all of them: s started its next call of the op only after its kernel for seq,
-// every CTA of which had signalled, had ended.
+// every CTA of which had signalled, had ended. A word's value, the grid size, is never 0, so a word never
+// written (0) is never taken for a signal; a word last written in an older call with a larger grid
+// holds that call's stamp (the stamps' limits: core/ht_areas.hpp).
 
 // Called by every thread of every CTA once the accesses its signal covers are issued and waited for.
 // Signals `kind` to every rank (above), unless the team has failed: a failed team signals nothing (its
@@ -46,12 +48,13 @@ __device__ inline bool wait_for_stamp(const transport::TeamView& team, const uin
 __device__ inline bool signal_done(const BufferView& b, int kind, uint64_t seq, uint32_t* blocks_done,
                                    uint32_t* work_claimed = nullptr) {
   __shared__ bool failed;
-  const bool failed_here = threadIdx.x == 0 && transport::team_failed(b.team);  // loaded before the barrier
   __syncthreads();
   if (threadIdx.x == 0) {
-    failed = failed_here;
-    if (!failed_here) {
-      __threadfence_system();
+    // Read after the barrier, so that a wait of this CTA that expired before it stops the signal; its
+    // round trip overlaps the fence's wait for the CTA's stores.
+    failed = transport::team_failed(b.team);
+    __threadfence_system();
+    if (!failed) {
       for (int r = 0; r < b.team.nranks; ++r)
         transport::store_relaxed_sys(b.done_word(r, kind, b.team.rank, blockIdx.x), core::stamped(seq, gridDim.x));
     }
@@ -66,8 +69,9 @@ __device__ inline bool wait_for_every_cta(const BufferView& b, int kind, uint64_
   // Pollers per source: one per CTA where the sources run grids of this kernel's size (as they do with one
   // config on every rank), so that no more threads than words poll; any grid size is waited for alike.
   const int R = b.team.nranks, pollers = max(1, min(int(blockDim.x) / R, int(gridDim.x)));
+  // A signal carries its CTA's grid size, never 0: a word never written (0) is none, whatever its stamp.
   const auto signalled = [seq](uint64_t word) {
-    return core::stamped_in(word, seq) || core::stamped_in(word, seq + 1);
+    return core::stamped_value(word) != 0u && (core::stamped_in(word, seq) || core::stamped_in(word, seq + 1));
   };
   bool ok = true;
   for (int i = threadIdx.x; ok && i < R * pollers; i += blockDim.x) {
@@ -78,14 +82,14 @@ __device__ inline bool wait_for_every_cta(const BufferView& b, int kind, uint64_
       uint32_t ctas = 0;       // r's grid size for seq, once word 0 shows it
       const auto arrived = [&] {
         const uint64_t first = transport::load_relaxed_sys(words);
+        if (!signalled(first)) return false;
         next_call = core::stamped_in(first, seq + 1);
         if (next_call) return true;
-        if (!core::stamped_in(first, seq)) return false;
         ctas = min(core::stamped_value(first), uint32_t(core::kMaxCtas));  // a source's grid is at most that
         return c >= int(ctas) || signalled(transport::load_relaxed_sys(words + c));
       };
       const auto observed = [&] { return transport::load_relaxed_sys(ctas == 0 ? words : words + c); };
-      ok = transport::spin_until(b.team, arrived, core::stamped(seq, 0), observed,
+      ok = transport::spin_until(b.team, arrived, core::stamped(seq, 1), observed,
                                  transport::WaitSite{phase, r, uint32_t(c)});
       if (!ok || (!next_call && c >= int(ctas))) break;
       transport::load_acquire_sys(next_call ? words : words + c);

@@ -1,5 +1,6 @@
-// Memory-ordered accesses to flags shared between GPUs. All flags are 64-bit counters that only
-// grow, so a waiter asks "has it reached at least N?" and never misses a value.
+// Memory-ordered accesses to flags shared between GPUs: 64-bit counters that only grow (a waiter asks
+// "has it reached at least N?" and never misses a value), or stamped words (core::stamped: a call's stamp
+// beside a value, read and written whole).
 //
 // Ordering rule of the library: whoever publishes data to a peer first makes the data visible
 // (a barrier among its writing threads, then a system-scope release by the one thread that

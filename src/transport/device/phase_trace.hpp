@@ -33,7 +33,7 @@ enum class TracePoint : int {
   ht_dispatch_first_stores,  // every warp has issued its first row's stores
   ht_dispatch_last_stores,   // every warp has issued its last row's stores
   ht_dispatch_stores_done,   // every warp's stores are done
-  ht_dispatch_signalled,     // the last CTA has signalled the peers
+  ht_dispatch_signalled,     // every CTA has signalled the peers and counted itself (the last CTA's stamp)
   ht_dispatch_end,           // every peer's rows are here
   ll_dispatch_start,   // LL dispatch (a launch with the sends, the receive step or both): its first CTA has started
   ll_dispatch_loaded,  // every warp whose first work is a send item has loaded it (FP8: and cast it)

@@ -25,10 +25,11 @@ enum class WaitPhase : uint32_t {
   test_signal,       // transport test: waiting for a peer's put-with-signal
   ht_layout,         // HT layout: waiting for an earlier tile's token counts (detail: the tile)
   ht_notify,         // HT dispatch: waiting for a source's counts (a stamped word, see below)
-  ht_dispatch_done,  // HT dispatch: waiting for a source's rows
+  ht_dispatch_done,  // HT dispatch: waiting for a source's rows (detail: the source's CTA; a stamped word)
   ht_combine_ready,  // HT combine: waiting for an expert side's combine input to hold a row (detail: the row;
                      // a stamped word)
-  ht_combine_done,   // HT combine: waiting for an expert side's rows
+  ht_combine_done,   // HT combine: waiting for a home rank to finish reading my input (detail: its CTA; a
+                     // stamped word)
   ht_bulk_load,      // HT dispatch and combine: waiting for the copy engine to load a row (detail: token)
   ll_dispatch_recv,  // LL dispatch: waiting for a source's stamped word or payload line (detail: the token,
                      // or the expert for counts; expected and observed: the words, core::LlWord, or for a

@@ -20,7 +20,10 @@ struct WaitSite {
 __device__ inline void report_timeout(const TeamView& team, const WaitSite& site, uint64_t expected, uint64_t observed,
                                       uint64_t waited_ns) {
   WaitReport* r = team.report;
-  if (atomicCAS(&r->claimed, 0u, 1u) != 0u) return;
+  if (atomicCAS(&r->claimed, 0u, 1u) != 0u) {  // another wait reports: fail the team here too, at once
+    atomicExch(&team.control_of(team.rank)->failed, 1u);
+    return;
+  }
   r->rank = team.rank;
   r->peer = site.peer;
   r->phase = static_cast<uint32_t>(site.phase);
