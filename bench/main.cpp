@@ -55,7 +55,8 @@ void usage() {
       "  (--ll-tokens, default %d; also the buffer's T_max), each one call captured in a CUDA graph and\n"
       "  replayed %d times; --ll-sms: LlConfig::num_sms (default the library's). --ll-tune: then times\n"
       "  dispatch FP8 and combine (local) per num_sms (16..132, up to the SM count), each setting checked\n"
-      "  again, and adds ll_tuning and ll_best_sms to FILE.\n"
+      "  again, and adds ll_tuning and ll_best_sms to FILE. An HT option with --skip-ht (an LL one with\n"
+      "  --skip-ll) is an error.\n"
       "  Targets: the issues' (EP=2 and EP=8, default shapes only; bench/targets.hpp), printed and written\n"
       "  next to each result with whether it was met; a miss is reported, never an error.\n",
       Args{}.json_path.c_str(), ht.hidden, ht.topk, ht.experts, ht.tokens, ht.tune_repetitions, ll.tokens, ll.replays);
@@ -64,6 +65,7 @@ void usage() {
 Args parse(int argc, char** argv) {
   Args args;
   if (const char* commit = std::getenv("EPX_COMMIT")) args.commit = commit;
+  std::string ht_only, ll_only;  // the last option given that sets only the HT (LL) benchmark
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -94,21 +96,21 @@ Args parse(int argc, char** argv) {
     else if (a == "--skip-ht")
       args.skip_ht = true;
     else if (a == "--ht-sms")
-      args.ht.num_sms = number();
+      args.ht.num_sms = number(), ht_only = a;
     else if (a == "--ht-tune")
-      args.ht.tune = true;
+      args.ht.tune = true, ht_only = a;
     else if (a == "--trace")
       args.ht.trace = args.ll.trace = true;
     else if (a == "--tokens")
-      args.ht.tokens = number();
+      args.ht.tokens = number(), ht_only = a;
     else if (a == "--skip-ll")
       args.skip_ll = true;
     else if (a == "--ll-sms")
-      args.ll.num_sms = number();
+      args.ll.num_sms = number(), ll_only = a;
     else if (a == "--ll-tune")
-      args.ll.tune = true;
+      args.ll.tune = true, ll_only = a;
     else if (a == "--ll-tokens")
-      args.ll.tokens = number();
+      args.ll.tokens = number(), ll_only = a;
     else if (a == "--hidden")
       args.ht.hidden = args.ll.hidden = number();
     else if (a == "--topk")
@@ -123,6 +125,17 @@ Args parse(int argc, char** argv) {
       usage();
       std::exit(2);
     }
+  }
+  // An option for a benchmark that is skipped would be silently ignored (--tokens with --skip-ht once ran
+  // LL at its default T where T = 1 was meant).
+  if (args.skip_ht && !ht_only.empty()) {
+    std::fprintf(stderr, "epx-bench: %s sets the HT benchmark, which --skip-ht leaves out (LL's options: --ll-*)\n",
+                 ht_only.c_str());
+    std::exit(2);
+  }
+  if (args.skip_ll && !ll_only.empty()) {
+    std::fprintf(stderr, "epx-bench: %s sets the LL benchmark, which --skip-ll leaves out\n", ll_only.c_str());
+    std::exit(2);
   }
   if (args.skip_ht && args.skip_ll && args.ht.trace) {
     std::fprintf(stderr, "epx-bench: --trace traces HT and LL calls, which --skip-ht and --skip-ll leave out\n");
