@@ -18,11 +18,11 @@ const char* phase_name(WaitPhase phase) {
     case WaitPhase::ht_notify:
       return "HT dispatch count exchange";
     case WaitPhase::ht_dispatch_done:
-      return "HT dispatch rows";
+      return "HT dispatch rows (a source CTA's done word)";
     case WaitPhase::ht_combine_ready:
       return "HT combine handshake";
     case WaitPhase::ht_combine_done:
-      return "HT combine rows";
+      return "HT combine: a home rank CTA's reads of my input (its done word)";
     case WaitPhase::ht_bulk_load:
       return "HT bulk row load";
     case WaitPhase::ll_dispatch_recv:

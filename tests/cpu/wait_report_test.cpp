@@ -37,6 +37,7 @@ TEST(WaitReport, DescribesAStampedWordByItsHalves) {
             "running the same operation?)");
   EXPECT_TRUE(waits_for_stamp(WaitPhase::ht_combine_ready));
   EXPECT_TRUE(waits_for_stamp(WaitPhase::ht_dispatch_done));
+  EXPECT_TRUE(waits_for_stamp(WaitPhase::ht_combine_done));
   EXPECT_FALSE(waits_for_stamp(WaitPhase::ht_layout));
 }
 

@@ -50,8 +50,8 @@ __device__ inline bool signal_done(const BufferView& b, int kind, uint64_t seq, 
   __shared__ bool failed;
   __syncthreads();
   if (threadIdx.x == 0) {
-    // Read after the barrier, so that a wait of this CTA that expired before it stops the signal; its
-    // round trip overlaps the fence's wait for the CTA's stores.
+    // Read after the barrier, so that a wait of this CTA that expired before it stops the signal (every
+    // expired wait sets the word before it returns).
     failed = transport::team_failed(b.team);
     __threadfence_system();
     if (!failed) {
@@ -88,7 +88,7 @@ __device__ inline bool wait_for_every_cta(const BufferView& b, int kind, uint64_
         ctas = min(core::stamped_value(first), uint32_t(core::kMaxCtas));  // a source's grid is at most that
         return c >= int(ctas) || signalled(transport::load_relaxed_sys(words + c));
       };
-      const auto observed = [&] { return transport::load_relaxed_sys(ctas == 0 ? words : words + c); };
+      const auto observed = [&] { return transport::load_relaxed_sys(words + c); };  // the site names CTA c
       ok = transport::spin_until(b.team, arrived, core::stamped(seq, 1), observed,
                                  transport::WaitSite{phase, r, uint32_t(c)});
       if (!ok || (!next_call && c >= int(ctas))) break;

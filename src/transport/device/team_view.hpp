@@ -44,7 +44,8 @@ enum class WaitPhase : uint32_t {
 // compare-and-swap of `claimed` 0 -> 1 (device scope is enough: one GPU writes it), fills the other
 // fields, then sets `complete` to 1 after a system-scope fence; the host reads the fields only when
 // `complete` is 1. Later timeouts (other threads giving up because the first one did) do not
-// overwrite it. The claiming thread also sets ControlRegion::failed, which every wait polls now and then
+// overwrite it. Every thread whose wait expires sets ControlRegion::failed (the claiming one after the
+// report's fields), which every wait polls now and then
 // (giving up once it is set, so one dead peer stops a whole kernel within about one timeout, not one
 // timeout per waiting thread) and every kernel reads before it signals peers: device memory, unlike
 // this report, which a GPU reads over PCIe in microseconds.
@@ -74,7 +75,7 @@ struct ControlRegion {
   uint64_t arrivals[kBarrierSlots][kMaxNvlinkRanks];
   // epoch[slot]: how many barriers on `slot` the owner has completed. Owner only.
   uint64_t epoch[kBarrierSlots];
-  // 1 once a wait of the owner's kernels expired (set by the thread that claimed the WaitReport). Owner only.
+  // 1 once a wait of the owner's kernels expired (set by every thread whose wait expired). Owner only.
   uint32_t failed;
 };
 
