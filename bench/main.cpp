@@ -68,6 +68,8 @@ Args parse(int argc, char** argv) {
   std::string ht_only, ll_only;  // the last option given that sets only the HT (LL) benchmark
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--ht-sms" || a == "--ht-tune" || a == "--tokens") ht_only = a;
+    if (a == "--ll-sms" || a == "--ll-tune" || a == "--ll-tokens") ll_only = a;
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "epx-bench: %s needs a value\n", a.c_str());
@@ -96,21 +98,21 @@ Args parse(int argc, char** argv) {
     else if (a == "--skip-ht")
       args.skip_ht = true;
     else if (a == "--ht-sms")
-      args.ht.num_sms = number(), ht_only = a;
+      args.ht.num_sms = number();
     else if (a == "--ht-tune")
-      args.ht.tune = true, ht_only = a;
+      args.ht.tune = true;
     else if (a == "--trace")
       args.ht.trace = args.ll.trace = true;
     else if (a == "--tokens")
-      args.ht.tokens = number(), ht_only = a;
+      args.ht.tokens = number();
     else if (a == "--skip-ll")
       args.skip_ll = true;
     else if (a == "--ll-sms")
-      args.ll.num_sms = number(), ll_only = a;
+      args.ll.num_sms = number();
     else if (a == "--ll-tune")
-      args.ll.tune = true, ll_only = a;
+      args.ll.tune = true;
     else if (a == "--ll-tokens")
-      args.ll.tokens = number(), ll_only = a;
+      args.ll.tokens = number();
     else if (a == "--hidden")
       args.ht.hidden = args.ll.hidden = number();
     else if (a == "--topk")
