@@ -65,6 +65,39 @@ __global__ void ping_pong(TeamView team, transport::SymmetricView flags, int ite
   *elapsed_ns = transport::global_timer_ns() - start;
 }
 
+// One thread times a chain of kLoadChain dependent loads of one 8-byte word (zero: each load's address adds
+// the previous value) for each memory in `where` and both kinds of load the LL kernels poll with: out[2 m]
+// ld.relaxed.sys, out[2 m + 1] ld.volatile, in ns per load. The first load of each chain pays for
+// whatever the word's line and page cost cold; the chain is long enough that this hardly shows.
+constexpr int kLoadChain = 64;
+constexpr int kLoadMemories = 3;  // private device memory, this rank's symmetric memory, the next rank's
+
+__device__ __forceinline__ uint64_t load_as(const uint64_t* p, bool as_volatile) {
+  uint64_t v;
+  if (as_volatile) {
+    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  } else {
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  }
+  return v;
+}
+
+struct LoadTargets {
+  const uint64_t* where[kLoadMemories];
+};
+
+__global__ void load_round_trips(LoadTargets targets, double* out) {
+  for (int m = 0; m < kLoadMemories; ++m) {
+    for (int kind = 0; kind < 2; ++kind) {
+      const uint64_t* p = targets.where[m];
+      const uint64_t start = transport::global_timer_ns();
+      for (int i = 0; i < kLoadChain; ++i) p += load_as(p, kind == 1);
+      if (p == nullptr) return;  // never: it orders the clock after the last load
+      out[2 * m + kind] = double(transport::global_timer_ns() - start) / kLoadChain;
+    }
+  }
+}
+
 struct Context {
   Team& team;
   cudaStream_t stream;
@@ -174,6 +207,28 @@ Limits measure_limits(Team& team) {
     } else {
       enqueue_team_barrier(team, stream);
     }
+
+    // Load round trips: the words past the ping-pong's are zero on every rank.
+    uint64_t* private_word = nullptr;
+    double* round_trips = nullptr;
+    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&private_word), sizeof(uint64_t), stream), "cudaMallocAsync");
+    check_cuda(cudaMemsetAsync(private_word, 0, sizeof(uint64_t), stream), "cudaMemsetAsync");
+    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&round_trips), sizeof(double) * 2 * kLoadMemories, stream),
+               "cudaMallocAsync");
+    const transport::SymmetricView view = team.impl().symmetric_view(flags);
+    const LoadTargets targets{{private_word, reinterpret_cast<const uint64_t*>(view.base[team.rank()]) + 64,
+                               reinterpret_cast<const uint64_t*>(view.base[next]) + 64}};
+    load_round_trips<<<1, 1, 0, stream>>>(targets, round_trips);
+    detail::check_launch("load_round_trips");
+    double ns[2 * kLoadMemories] = {};
+    check_cuda(cudaMemcpyAsync(ns, round_trips, sizeof(ns), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check_cuda(cudaFreeAsync(private_word, stream), "cudaFreeAsync");
+    check_cuda(cudaFreeAsync(round_trips, stream), "cudaFreeAsync");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    limits.load_private_ns = {ns[0], ns[1]};
+    limits.load_own_symmetric_ns = {ns[2], ns[3]};
+    limits.load_peer_symmetric_ns = {ns[4], ns[5]};
+    enqueue_team_barrier(team, stream);  // the peers' chains read this rank's words: done before `flags` goes
   }
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   team.check_device_errors();

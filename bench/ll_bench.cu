@@ -13,6 +13,7 @@
 #include "bench/check.hpp"
 #include "bench/device_data.hpp"
 #include "bench/inputs.hpp"
+#include "bench/other_code.cuh"
 #include "bench/phase_trace_report.hpp"
 #include "bench/team_sync.hpp"
 #include "bench/timing.hpp"
@@ -181,10 +182,10 @@ struct Traffic {
   }
 };
 
-// One call's timings: one launch at a time, each after a team barrier (what the bench reports), and in
-// a row (GraphPair::time_in_a_row).
+// One call's timings: one launch at a time, each after a team barrier (what the bench reports); in a
+// row (GraphPair::time_in_a_row); and cold: one launch at a time after other code ran on every SM.
 struct CallTiming {
-  Timing launch, in_a_row;
+  Timing launch, in_a_row, cold;
 };
 
 struct Measured {
@@ -192,11 +193,11 @@ struct Measured {
   const char* dtype;
   const char* order;  // "" for dispatch alone
   RankTiming timing;
-  Timing in_a_row;
+  Timing in_a_row, cold;
 };
 
 Measured measured(const char* op, const char* dtype, const char* order, CallTiming timing, OpBytes bytes) {
-  return Measured{op, dtype, order, RankTiming{timing.launch, bytes.nvlink, bytes.algo}, timing.in_a_row};
+  return Measured{op, dtype, order, RankTiming{timing.launch, bytes.nvlink, bytes.algo}, timing.in_a_row, timing.cold};
 }
 
 // ll.hpp promises more than the reference's contract: rows already in canonical order (source ranks
@@ -247,6 +248,12 @@ void compare_recv(Checker& check, const std::string& what, const ref::LlRecv& go
 
 const char* name(LlCombineOrder order) { return order == LlCombineOrder::local ? "local" : "naive"; }
 
+int device_sm_count(int device) {
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return sms;
+}
+
 class LlBench {
  public:
   LlBench(Team& team, const LlBenchOptions& o)
@@ -262,7 +269,9 @@ class LlBench {
         bf16_(buffer_, false),
         y_(device_alloc(std::size_t(shape_.local_experts) * shape_.capacity * o.hidden * 2)),
         out_local_(device_alloc(std::size_t(o.tokens) * o.hidden * 2)),
-        out_naive_(device_alloc(std::size_t(o.tokens) * o.hidden * 2)) {}
+        out_naive_(device_alloc(std::size_t(o.tokens) * o.hidden * 2)),
+        other_code_sink_(device_alloc(sizeof(uint32_t))),
+        sm_count_(device_sm_count(team.device())) {}
 
   // Runs dispatch FP8, dispatch BF16 and combine in both orders once, then compares every output with
   // the global CPU reference. The GPU calls come first, back to back, so that the ranks reach each
@@ -297,7 +306,7 @@ class LlBench {
     {
       std::vector<ref::LlRecv> want = ref::ll_dispatch(tokens, placement, o_.tokens, {.use_fp8 = true});
       compare_recv(check, "dispatch fp8", got_fp8, want[me_]);
-      if (o_.tune) checked_fp8_ = std::move(want[me_]);
+      checked_fp8_ = std::move(want[me_]);
     }
     std::vector<ref::LlRecv> want = ref::ll_dispatch(tokens, placement, o_.tokens, {});
     compare_recv(check, "dispatch bf16", got_bf16, want[me_]);
@@ -318,15 +327,17 @@ class LlBench {
       const std::vector<ref::Matrix<uint16_t>> out = ref::ll_combine(y, want, topk_idx, weights, placement, ref_order);
       check.equal("combine (" + std::string(name(order)) + " order) out",
                   order == LlCombineOrder::local ? got_local : got_naive, out[me_].data, o_.hidden);
-      if (o_.tune && order == LlCombineOrder::local) checked_local_ = out[me_].data;
+      if (order == LlCombineOrder::local) checked_local_ = out[me_].data;
     }
     return check.ok();
   }
 
   // Each op: one call (dispatch; combine; or dispatch then combine) captured in a GraphPair, replayed
   // o_.warmup + o_.replays times, each replay after a team barrier; then kLlInARowRounds rounds of
-  // o_.replays replays in a row, each round after a team barrier. No L2 flush: the inputs (~2 MB) stay
-  // in L2 as they would in a decode step, and LL ops are bound by latency, not by HBM.
+  // o_.replays replays in a row, each round after a team barrier; then as the first, with other code
+  // (other_code_kernel) run on every SM before each barrier, so that the call fetches its own code
+  // again, as between the other kernels of a decode step. No L2 flush: the inputs (~2 MB) stay in L2 as
+  // they would in a decode step, and LL ops are bound by latency, not by HBM.
   std::vector<Measured> time_ops() {
     const LlCombineOrder local = LlCombineOrder::local, naive = LlCombineOrder::naive;
     std::vector<Measured> out;
@@ -346,6 +357,43 @@ class LlBench {
     return out;
   }
 
+  // Dispatch FP8 and combine (local order) as their two steps (send_only, then the receive step), each
+  // step timed alone, one launch after a team barrier: the send step after the previous call's receive
+  // step; the receive step after its own sends, so that every peer's data is there when it starts. What
+  // each step costs when it waits for nothing (the floor of a timed launch included). Their outputs (the
+  // last replay's) are compared with the reference's after the timing: `ok` says whether they equal it.
+  std::vector<Measured> time_steps(bool& ok) {
+    Checker check(me_, "LL");
+    std::vector<Measured> out;
+    const auto add = [&](const char* op, const char* dtype, const char* order, const Timing& t) {
+      out.push_back(Measured{op, dtype, order, RankTiming{t, 0, 0}, {}, {}});
+    };
+    fp8_.poison(stream());
+    const std::pair<Timing, Timing> dispatch = time_two_steps([&](cudaStream_t s) {
+      LlDispatchArgs a = dispatch_args(true);
+      a.send_only = true;
+      return buffer_.dispatch(a, Streams{s}).receive;
+    });
+    add("dispatch_send", "fp8", "", dispatch.first);
+    add("dispatch_receive", "fp8", "", dispatch.second);
+    finish();
+    compare_recv(check, "dispatch fp8 (send_only, then its receive step)", fetch(fp8_, true), checked_fp8_);
+    const LlHandle handle = buffer_.dispatch(dispatch_args(true), Streams{stream()}).handle;
+    poison_outputs();
+    const std::pair<Timing, Timing> combine = time_two_steps([&](cudaStream_t s) {
+      LlCombineArgs a = combine_args(LlCombineOrder::local, handle);
+      a.send_only = true;
+      return buffer_.combine(a, Streams{s}).receive;
+    });
+    add("combine_send", "bf16", "local", combine.first);
+    add("combine_receive", "bf16", "local", combine.second);
+    finish();
+    check.equal("combine (local order; send_only, then its receive step) out", download_out(LlCombineOrder::local),
+                checked_local_, o_.hidden);
+    ok = check.ok();
+    return out;
+  }
+
   // --trace: the phase traces (print_phase_trace) of dispatch FP8 and BF16, and of combine (local
   // order) on the handle of one dispatch made here; each call after a team barrier.
   void trace_calls() {
@@ -355,6 +403,19 @@ class LlBench {
           [&] { enqueue_team_barrier(team_, stream()); },
           [&] { buffer_.dispatch(dispatch_args(fp8), Streams{stream()}); });
     }
+    // Dispatch FP8's receive step alone, every peer's data there: its sends (send_only), a team barrier,
+    // the trace reset, then the step.
+    std::function<void()> receive;
+    print_phase_trace(
+        team_, stream(), "ll_dispatch_fp8_receive_step", transport::TracePoint::ll_dispatch_start,
+        [&] {
+          LlDispatchArgs a = dispatch_args(true);
+          a.send_only = true;
+          receive = buffer_.dispatch(a, Streams{stream()}).receive;
+          enqueue_team_barrier(team_, stream());
+          team_.impl().reset_trace(stream());
+        },
+        [&] { receive(); });
     const LlHandle handle = buffer_.dispatch(dispatch_args(false), Streams{stream()}).handle;
     print_phase_trace(
         team_, stream(), "ll_combine_local", transport::TracePoint::ll_combine_start,
@@ -366,10 +427,7 @@ class LlBench {
   // the same order): sets num_sms, checks dispatch FP8 and combine (local) again, then times them.
   // Returns per setting {combine, dispatch}; throws when a setting's outputs differ on any rank.
   std::vector<RankTiming> tune(std::vector<int>& settings) {
-    int sm_count = 0;
-    check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, team_.device()),
-               "cudaDeviceGetAttribute");
-    const std::vector<double> sm_counts = all_gather(team_, stream(), {double(sm_count)});
+    const std::vector<double> sm_counts = all_gather(team_, stream(), {double(sm_count_)});
     const double fewest = *std::min_element(sm_counts.begin(), sm_counts.end());
     std::vector<RankTiming> out;
     for (const int sms : kLlTuneSms) {
@@ -427,16 +485,65 @@ class LlBench {
     return [this, order, handle](cudaStream_t s) { buffer_.combine(combine_args(order, handle), Streams{s}); };
   }
   void barrier(cudaStream_t s) { enqueue_team_barrier(team_, s); }
+  // other_code_kernel on every SM (two CTAs per SM, so that the scheduler leaves none out), then the
+  // barrier: its kernel is small, and the call's code is what is left to fetch.
+  void other_code_then_barrier(cudaStream_t s) {
+    other_code_kernel<1><<<2 * sm_count_, 32, 0, s>>>(0x5A5A5A5Au, static_cast<uint32_t*>(other_code_sink_.get()));
+    detail::check_launch("other_code_kernel");
+    barrier(s);
+  }
   // One launch at a time, each after a team barrier (what the bench reports and tunes on).
   Timing time_launch(const std::function<void(cudaStream_t)>& call) {
     return GraphPair(stream(), call).time(stream(), o_.warmup, o_.replays, [&](cudaStream_t s) { barrier(s); });
   }
-  // Both timings of a call (time_ops).
+  // time_steps for one kind: `send_only(stream)` makes a send_only call and returns its receive step;
+  // each set's send step and receive step are captured as graphs of their own and replayed in the
+  // call's order (send A, receive A, send B, receive B, ...). Returns {send step, receive step}.
+  std::pair<Timing, Timing> time_two_steps(const std::function<std::function<void()>(cudaStream_t)>& send_only) {
+    GraphExec sends[2], receives[2];
+    for (int i = 0; i < 2; ++i) {
+      std::function<void()> receive;
+      sends[i] = capture_graph(stream(), [&](cudaStream_t s) { receive = send_only(s); });
+      receives[i] = capture_graph(stream(), [&](cudaStream_t) { receive(); });
+    }
+    const auto launch = [](const GraphExec& g, cudaStream_t s) {
+      check_cuda(cudaGraphLaunch(g.get(), s), "cudaGraphLaunch");
+    };
+    int next = 0;          // the set whose send step comes next
+    bool pending = false;  // the other set's receive step is still to run
+    const Timing send = time_on_stream(
+        stream(), o_.warmup, o_.replays,
+        [&](cudaStream_t s) {
+          if (pending) launch(receives[1 - next], s);
+          barrier(s);
+        },
+        [&](cudaStream_t s) {
+          launch(sends[next], s);
+          pending = true;
+          next = 1 - next;
+        });
+    launch(receives[1 - next], stream());
+    const Timing receive = time_on_stream(
+        stream(), o_.warmup, o_.replays,
+        [&](cudaStream_t s) {
+          launch(sends[next], s);
+          barrier(s);
+        },
+        [&](cudaStream_t s) {
+          launch(receives[next], s);
+          next = 1 - next;
+        });
+    return {send, receive};
+  }
+
+  // Every timing of a call (time_ops).
   CallTiming time(const std::function<void(cudaStream_t)>& call) {
     const GraphPair graphs(stream(), call);
     const auto before = [&](cudaStream_t s) { barrier(s); };
+    const auto cold = [&](cudaStream_t s) { other_code_then_barrier(s); };
     return CallTiming{graphs.time(stream(), o_.warmup, o_.replays, before),
-                      graphs.time_in_a_row(stream(), kLlInARowRounds, o_.replays, before)};
+                      graphs.time_in_a_row(stream(), kLlInARowRounds, o_.replays, before),
+                      graphs.time(stream(), o_.warmup, o_.replays, cold)};
   }
 
   void finish() {
@@ -532,9 +639,11 @@ class LlBench {
   DispatchOutputs fp8_, bf16_;
   DeviceMemory y_, out_local_, out_naive_;
   DeviceMemory topk_idx_, weights_, x_;
+  DeviceMemory other_code_sink_;  // other_code_kernel's result (never written in practice)
+  int sm_count_;
   Traffic traffic_;
-  ref::LlRecv checked_fp8_;              // with o_.tune: the reference's FP8 result for this rank
-  std::vector<uint16_t> checked_local_;  // with o_.tune: the reference's local-order combine
+  ref::LlRecv checked_fp8_;              // the reference's FP8 dispatch result for this rank
+  std::vector<uint16_t> checked_local_;  // the reference's local-order combine
 };
 
 }  // namespace
@@ -573,19 +682,25 @@ LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
   result.replays = options.replays;
   result.buffer_bytes = bench.buffer_bytes();
   result.message_header_bytes = int(kMessageHeaderBytes);
-  const std::vector<Measured> measured = bench.time_ops();
-  // One gather: every op's one-launch timing, then every op's in-a-row timing.
+  std::vector<Measured> measured = bench.time_ops();
+  bool steps_ok = false;
+  for (const Measured& m : bench.time_steps(steps_ok)) measured.push_back(m);
+  require_every_rank(team, bench.stream(), steps_ok,
+                     "LL outputs of send_only calls and their receive steps differ from the CPU reference");
+  // One gather: every op's one-launch timing, then every op's in-a-row timing, then every op's cold one.
   const std::size_t n = measured.size();
-  std::vector<RankTiming> timings(2 * n);
+  std::vector<RankTiming> timings(3 * n);
   for (std::size_t i = 0; i < n; ++i) {
     timings[i] = measured[i].timing;
     timings[n + i] = {measured[i].in_a_row};
+    timings[2 * n + i] = {measured[i].cold};
   }
   const std::vector<TeamTiming> gathered = gather_timings(team, bench.stream(), timings);
   for (std::size_t i = 0; i < n; ++i) {
     LlBenchRow row;
     static_cast<TeamTiming&>(row) = gathered[i];
     row.in_a_row_us = gathered[n + i].time_us;
+    row.cold_us = gathered[2 * n + i].time_us;
     row.op = measured[i].op;
     row.dtype = measured[i].dtype;
     row.order = measured[i].order;

@@ -38,6 +38,10 @@ struct LlBenchRow : TeamTiming {
   // between them, each launch overlapping the kernel before, as in a stream of calls): a round's time
   // divided by its replays.
   double in_a_row_us = 0;
+  // The slowest rank's median time of one launch after a team barrier, as time_us, but with other code
+  // run on every SM before the barrier (bench/other_code.cuh): the call's kernels fetch their code again,
+  // as they do between the other kernels of a decode step.
+  double cold_us = 0;
 };
 
 // Rounds of replays in a row per op (LlBenchRow::in_a_row_us).

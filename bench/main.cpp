@@ -253,6 +253,7 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
     write_target(j, ll_target(ll.ranks, default_shape(ll), row.op, row.dtype, row.order), row);
     write_timing(j, row);
     j.field("in_a_row_us", row.in_a_row_us);
+    j.field("cold_us", row.cold_us);
     j.field("replays", ll.replays)
         .field("in_a_row_rounds", kLlInARowRounds)
         .field("buffer_bytes", static_cast<long long>(ll.buffer_bytes))
@@ -263,7 +264,12 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
                "graphs of the call alternate the buffer sets; in_a_row_us: the slowest rank's median over "
                "`in_a_row_rounds` rounds, each "
                "after a team barrier, of `replays` replays back to back (a round's time / replays: each launch "
-               "overlaps the kernel before, as in a stream of calls); no L2 flush (latency-bound); bytes and GB/s: the "
+               "overlaps the kernel before, as in a stream of calls); cold_us: as time_us, with ~105 KB of other "
+               "code run on every SM before each barrier (the call fetches its code again, as between a decode "
+               "step's other kernels); ops dispatch_send / dispatch_receive and combine_send / combine_receive: the "
+               "two steps of a send_only call, each timed as time_us, the receive step after its sends and a barrier "
+               "(every peer's data there: the step's cost without waiting; no in-a-row, cold or bytes); no L2 flush "
+               "(latency-bound); bytes and GB/s: the "
                "slowest rank's, per direction (NVLink: dispatch messages, payload as 128-byte lines of 112 row bytes + "
                "message_header_bytes each, or combine rows back to the home rank as such lines)")
         .end_object();
@@ -300,7 +306,13 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .field("empty_graph_kernel_us", limits.empty_graph_kernel_us)
       .field("one_kernel_graph_us", limits.one_kernel_graph_us)
       .field("hbm_copy_gbps", limits.hbm_copy_gbps)
-      .field("data_checked", limits.data_checked);
+      .field("data_checked", limits.data_checked)
+      .field("load_private_relaxed_sys_ns", limits.load_private_ns.relaxed_sys)
+      .field("load_private_volatile_ns", limits.load_private_ns.volatile_load)
+      .field("load_own_symmetric_relaxed_sys_ns", limits.load_own_symmetric_ns.relaxed_sys)
+      .field("load_own_symmetric_volatile_ns", limits.load_own_symmetric_ns.volatile_load)
+      .field("load_peer_symmetric_relaxed_sys_ns", limits.load_peer_symmetric_ns.relaxed_sys)
+      .field("load_peer_symmetric_volatile_ns", limits.load_peer_symmetric_ns.volatile_load);
   const auto write_stamps = [&](const std::string& prefix, const StampProbe& p) {
     j.field((prefix + "lines").c_str(), static_cast<long long>(p.lines))
         .field((prefix + "16_bytes_torn").c_str(), static_cast<long long>(p.torn_16))
@@ -373,18 +385,20 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
       l.flag_latency_us, l.one_kernel_graph_us);
   std::printf(
       "time: the slowest rank's median of %d graph replays (one call each, after a team barrier); in a row: one call "
-      "of %d replays back to back; GB/s per rank and direction\n",
+      "of %d replays back to back; cold: as time, with other code run on every SM before each barrier; *_send and "
+      "*_receive: a send_only call's two steps, each timed alone (the receive step with its data there); GB/s per "
+      "rank and direction\n",
       ll.replays, ll.replays);
-  std::printf("%-16s %-6s %-6s %9s %7s %9s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag",
-              "in a row", "NVLink GB/s", "algo GB/s", "checked", "target");
+  std::printf("%-16s %-6s %-6s %9s %7s %9s %8s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag",
+              "in a row", "cold", "NVLink GB/s", "algo GB/s", "checked", "target");
   for (const LlBenchRow& row : ll.rows) {
     const Target target = ll_target(ll.ranks, default_shape(ll), row.op, row.dtype, row.order);
-    std::printf("%-16s %-6s %-6s %9.2f %7s %9s %12s %10s %8s  %s\n", row.op.c_str(), row.dtype.c_str(),
+    std::printf("%-16s %-6s %-6s %9.2f %7s %9s %8s %12s %10s %8s  %s\n", row.op.c_str(), row.dtype.c_str(),
                 row.order.empty() ? "-" : row.order.c_str(), row.time_us,
                 number_or_dash(l.flag_latency_us > 0 ? row.time_us / l.flag_latency_us : 0, "%.1f").c_str(),
-                number_or_dash(row.in_a_row_us, "%.2f").c_str(), number_or_dash(row.nvlink_gbps, "%.1f").c_str(),
-                number_or_dash(row.algo_gbps, "%.1f").c_str(), row.checked ? "yes" : "NO",
-                target_cell(target, row).c_str());
+                number_or_dash(row.in_a_row_us, "%.2f").c_str(), number_or_dash(row.cold_us, "%.2f").c_str(),
+                number_or_dash(row.nvlink_gbps, "%.1f").c_str(), number_or_dash(row.algo_gbps, "%.1f").c_str(),
+                row.checked ? "yes" : "NO", target_cell(target, row).c_str());
   }
 }
 
@@ -408,6 +422,14 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
     std::printf("%-44s %9.1f GB/s\n", "NVLink copy engine, per direction", l.nvlink_copy_engine_gbps);
     std::printf("%-44s %9.2f us\n", "flag latency, one way", l.flag_latency_us);
     std::printf("%-44s %12s\n", "NVLink data checked", l.data_checked ? "yes" : "NO");
+    const auto print_load = [](const char* where, const LoadRoundTrip& t) {
+      std::printf("%-44s %5.0f / %.0f ns\n", (std::string("load round trip, ") + where).c_str(), t.relaxed_sys,
+                  t.volatile_load);
+    };
+    std::printf("(dependent 8-byte loads, one thread: ld.relaxed.sys / ld.volatile)\n");
+    print_load("private memory", l.load_private_ns);
+    print_load("own symmetric memory", l.load_own_symmetric_ns);
+    print_load("next rank's symmetric memory", l.load_peer_symmetric_ns);
     const auto print_stamps = [](const std::string& where, const StampProbe& p) {
       std::printf("%-44s %lld torn, %lld missing of %lld\n", ("stamped 16-byte stores" + where).c_str(),
                   (long long)p.torn_16, (long long)p.missing_16, (long long)(p.lines * 8));

@@ -1,0 +1,162 @@
+// epx-start-probe: what a kernel pays before it does any work, on one GPU. The LL phase traces show
+// every step of a call taking about a microsecond, even steps that only compute; two suspects are
+// fetching the kernel's code (the LL dispatch kernel is ~128 KB of instructions) and the first loads'
+// address translations. One warp of one CTA measures, with clock64:
+//   * loads: the kernel's first load (a word its earlier launches also read), a second word of the
+//     same page, and a word of a page 1 GiB away that no launch read before;
+//   * code: a pass over other_code_pass (other_code.cuh: ~52 KB of instructions run, between as much
+//     not run), then a second pass, whose code the first has fetched (all but two stages: the second
+//     pass flips bit 0 of the choice).
+// Conditions, each launch timed on its own: the probe again right after itself (its code and pages
+// used just before), after other_code_kernel (the whole of another ~105 KB of code), and after a
+// kernel that touches one word in every 2 MiB page of 4 GiB (translations of other pages). Not part
+// of the library.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "bench/other_code.cuh"
+
+namespace {
+
+using namespace epx::bench;
+
+constexpr std::size_t kPageBytes = std::size_t(2) << 20;
+constexpr std::size_t kFarBytes = std::size_t(1) << 30;
+constexpr std::size_t kSweepBytes = std::size_t(4) << 30;
+constexpr int kPoints = 6;  // clock64 at: start, first load back, second, far, pass 1 done, pass 2 done
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "epx-start-probe: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+__device__ __forceinline__ uint32_t load_relaxed(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The clock after `v` has arrived: v goes through shared memory first, so the read waits for it.
+__device__ __forceinline__ long long clock_after(uint32_t v, uint32_t* sink) {
+  *sink = v;
+  __syncwarp();
+  return clock64();
+}
+
+// `words`: kFarBytes + a page; word 0 is the first load, word 32 the second, the page at kFarBytes the far one
+// (its word `far_word`, a different one each launch). out: kPoints clocks, the globaltimer ns from the
+// first to the last, and the result.
+__global__ void probe_kernel(const uint32_t* words, std::size_t far_word, uint32_t pick, long long* out) {
+  __shared__ uint32_t sink[32];
+  if (threadIdx.x >= 32) return;
+  long long t[kPoints];
+  uint64_t ns_start, ns_end;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns_start));
+  t[0] = clock64();
+  const uint32_t a = load_relaxed(words);
+  t[1] = clock_after(a, sink + threadIdx.x);
+  const uint32_t b = load_relaxed(words + 32);
+  t[2] = clock_after(b, sink + threadIdx.x);
+  const uint32_t c = load_relaxed(words + kFarBytes / 4 + far_word);
+  t[3] = clock_after(c, sink + threadIdx.x);
+  uint32_t x[kOtherCodeAccumulators];
+#pragma unroll
+  for (int i = 0; i < kOtherCodeAccumulators; ++i) x[i] = a + b + c + threadIdx.x * 17u + i;
+#pragma unroll 1
+  for (int pass = 0; pass < 2; ++pass) {
+    other_code_pass<0>(x, pick ^ uint32_t(pass));
+    uint32_t sum = 0;
+#pragma unroll
+    for (int i = 0; i < kOtherCodeAccumulators; ++i) sum ^= x[i];
+    t[4 + pass] = clock_after(sum, sink + threadIdx.x);
+  }
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns_end));
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kPoints; ++i) out[i] = t[i];
+    out[kPoints] = (long long)(ns_end - ns_start);  // for the clock rate while it ran
+    out[kPoints + 1] = sink[0];
+  }
+}
+
+// One word in every page of `bytes`: other translations.
+__global__ void sweep_kernel(uint32_t* words, std::size_t bytes) {
+  const std::size_t pages = bytes / kPageBytes;
+  for (std::size_t p = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; p < pages;
+       p += std::size_t(gridDim.x) * blockDim.x) {
+    words[p * (kPageBytes / 4)] += 1u;
+  }
+}
+
+struct Row {
+  const char* name;
+  std::vector<std::vector<double>> us;  // per point interval, per launch
+};
+
+}  // namespace
+
+int main() {
+  int device = 0;
+  check(cudaSetDevice(device), "cudaSetDevice");
+  int clock_khz = 0;
+  check(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device), "cudaDeviceGetAttribute");
+  uint32_t *words = nullptr, *sweep = nullptr, *sink = nullptr;
+  long long* out = nullptr;
+  check(cudaMalloc(&words, kFarBytes + kPageBytes * 64), "cudaMalloc");
+  check(cudaMalloc(&sweep, kSweepBytes), "cudaMalloc");
+  check(cudaMalloc(&sink, sizeof(uint32_t)), "cudaMalloc");
+  check(cudaMemset(words, 0, kFarBytes + kPageBytes * 64), "cudaMemset");
+  check(cudaMemset(sweep, 0, kSweepBytes), "cudaMemset");
+  check(cudaMallocHost(&out, sizeof(long long) * (kPoints + 2)), "cudaMallocHost");
+  const uint32_t pick = 0x5A5A5A5Au;
+  std::size_t far_word = 0;
+  const auto probe = [&]() {
+    far_word += kPageBytes / 4 / 64;  // a word of the next far page: none read before
+    probe_kernel<<<1, 32>>>(words, far_word, pick, out);
+    check(cudaDeviceSynchronize(), "probe");
+    std::vector<double> us(kPoints);
+    for (int i = 0; i + 1 < kPoints; ++i) us[i] = double(out[i + 1] - out[i]) / (clock_khz / 1e3);
+    us[kPoints - 1] = double(out[kPoints - 1] - out[0]) / double(out[kPoints]) * 1e3;  // MHz while it ran
+    return us;
+  };
+  const char* names[] = {"first load",  "second load, same page", "load, new page",
+                         "code pass 1", "code pass 2",            "clock seen (MHz)"};
+  Row rows[] = {{"probe after itself", {}}, {"after other code", {}}, {"after a page sweep", {}}};
+  constexpr int kRepeats = 11;
+  probe();
+  for (int rep = 0; rep < kRepeats; ++rep) {
+    probe();
+    rows[0].us.push_back(probe());
+    other_code_kernel<1><<<1, 32>>>(pick, sink);
+    rows[1].us.push_back(probe());
+    sweep_kernel<<<132, 256>>>(sweep, kSweepBytes);
+    rows[2].us.push_back(probe());
+  }
+  std::printf("epx-start-probe: one warp, clock64 at the device's clock rate (%d MHz); median [min, max] of %d "
+              "launches, us\n",
+              clock_khz / 1000, kRepeats);
+  std::printf("%-22s", "condition");
+  for (const char* n : names) std::printf(" | %-24s", n);
+  std::printf("\n");
+  for (Row& r : rows) {
+    std::printf("%-22s", r.name);
+    for (int i = 0; i < kPoints; ++i) {
+      std::vector<double> v;
+      for (auto& launch : r.us) v.push_back(launch[i]);
+      std::sort(v.begin(), v.end());
+      std::printf(" | %6.3f [%6.3f, %6.3f]  ", v[v.size() / 2], v.front(), v.back());
+    }
+    std::printf("\n");
+  }
+  cudaFree(words);
+  cudaFree(sweep);
+  cudaFree(sink);
+  cudaFreeHost(out);
+  return 0;
+}
