@@ -27,6 +27,8 @@
 //     signals go out at the start of this rank's next combine (protocol.cuh).
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "core/cuda_check.hpp"
 #include "kernels/common/grid.cuh"
 #include "kernels/ll/ll_view.hpp"
@@ -68,7 +70,7 @@ __device__ uint4 to_bf16(const float (&acc)[kColsPerVector]) {
 
 // The call's rows: their lines (of p.hidden columns) and work items of kLinesPerItem lines.
 __device__ int row_lines(const CombineParams& p) { return core::ll_row_lines(2 * p.hidden); }
-__device__ int row_items(const CombineParams& p) { return line_items(row_lines(p)); }
+__device__ int row_items(const CombineParams& p) { return int(p.by_row_items.d); }
 
 // This lane's share of item g of `row` (`col` as line_col gives it): a data vector (zeros past the
 // row), or the stamp vector on lanes 8 m + 7.
@@ -196,15 +198,14 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
   const int me = v.team.rank;
   const bool direct = own_rows_direct(p);
   const int messages = (direct ? v.team.nranks - 1 : v.team.nranks) * v.max_tokens;  // to every home rank but me
-  const int warps = gridDim.x * kWarps;
-  const int parts = max(1, min(warps / max(messages, 1), row_items(p)));  // about one work item per warp
+  const int warps = gridDim.x * kWarps, parts = int(p.by_send_parts.d);
   SetFree free = load_set_free(v, core::kLlCombine, p.set);
   bool ok = true, sent = false;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
-    const int message = item / parts;
-    int s = message / v.max_tokens;
-    if (direct && s >= me) ++s;
-    ok = send_message<kNaive>(p, cseq, s, message % v.max_tokens, item % parts, parts, free, sent);
+    const int message = int(p.by_send_parts.quotient(uint32_t(item)));
+    const int home = int(v.by_max_tokens.quotient(uint32_t(message)));
+    const int s = direct && home >= me ? home + 1 : home;
+    ok = send_message<kNaive>(p, cseq, s, message - home * v.max_tokens, item - message * parts, parts, free, sent);
   }
   if (sent && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_sent>(v.team);
 }
@@ -330,7 +331,8 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own
   bool ok = true;
   for (int item = first; ok && item < items; item += gridDim.x * kWarps) {
     const uint4* own_ready = item == first && own_first != nullptr ? own_first[threadIdx.x] : nullptr;
-    ok = receive_item<kNaive>(p, masked, stamp, item / per_row, item % per_row, own_ready);
+    const int t = int(p.by_row_items.quotient(uint32_t(item)));
+    ok = receive_item<kNaive>(p, masked, stamp, t, item - t * per_row, own_ready);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
   last_cta_records_freed(v, v.blocks_done_of(core::kLlCombine), core::kLlCombine, p.set, cseq);
@@ -346,10 +348,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
   uint4(*own_first)[2] = reinterpret_cast<uint4(*)[2]>(early_own_shared);
   const bool early_own = !kNaive && own_rows_direct(p) && first_receive_item() < receive_items(p);  // early_own_rows
   if (early_own) {
-    const int item = first_receive_item();
+    const int item = first_receive_item(), t = int(p.by_row_items.quotient(uint32_t(item)));
     int col[2];
-    item_cols(p, item % row_items(p), col);
-    own_partial<kRowsInFlight>(p, item / row_items(p), col, own_first[threadIdx.x]);
+    item_cols(p, item - t * row_items(p), col);
+    own_partial<kRowsInFlight>(p, t, col, own_first[threadIdx.x]);
   }
   if (p.phases & kSend) send<kNaive>(p, cseq);
   if (p.phases & kReceive) receive<kNaive>(p, cseq, early_own ? own_first : nullptr);
@@ -364,10 +366,18 @@ void load_combine_kernel() {
 }
 
 void launch_combine(const CombineParams& params, int num_blocks, cudaStream_t stream) {
-  if (params.naive) {
-    combine_kernel<true><<<num_blocks, kThreads, 0, stream>>>(params);
+  CombineParams p = params;
+  const int items = line_items(core::ll_row_lines(2 * p.hidden));
+  p.by_row_items = core::Divisor::of(uint32_t(items));
+  // The send step's parts per message: about one work item per warp (messages to every home rank but me
+  // where own_rows_direct).
+  const int messages = (own_rows_direct(p) ? p.v.team.nranks - 1 : p.v.team.nranks) * p.v.max_tokens;
+  p.by_send_parts =
+      core::Divisor::of(uint32_t(std::max(1, std::min(num_blocks * kWarps / std::max(messages, 1), items))));
+  if (p.naive) {
+    combine_kernel<true><<<num_blocks, kThreads, 0, stream>>>(p);
   } else {
-    combine_kernel<false><<<num_blocks, kThreads, early_own_rows(params) ? kEarlyOwnBytes : 0, stream>>>(params);
+    combine_kernel<false><<<num_blocks, kThreads, early_own_rows(p) ? kEarlyOwnBytes : 0, stream>>>(p);
   }
   detail::check_launch("LL combine kernel");
 }

@@ -41,6 +41,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+
 #include "core/cuda_check.hpp"
 #include "kernels/common/grid.cuh"
 #include "kernels/common/topk.cuh"
@@ -69,15 +71,15 @@ using core::LlWord;
 
 // ---- Send ----
 
-// `e`, the caller's top-k entry for slot k of token t (from topk_at), as the staged table holds it: an id
-// outside [-1, E) counts as -1, and is recorded (the first on this rank) when `record` is set. Read once
-// per entry and CTA (see send).
-__device__ int16_t checked_expert(const DispatchParams& p, int64_t e, int t, int k, bool record) {
+// `e`, the caller's top-k entry i of the flattened table (token i / K, slot i % K; from topk_at), as the
+// staged table holds it: an id outside [-1, E) counts as -1, and is recorded (the first on this rank)
+// when `record` is set. Read once per entry and CTA (see send).
+__device__ int16_t checked_expert(const DispatchParams& p, int64_t e, int i, bool record) {
   if (e >= -1 && e < p.v.num_experts) return int16_t(e);
   LlHostReport* report = p.v.host_report;
   if (record && atomicCAS(&report->input_error, 0, 1) == 0) {
-    report->token = t;
-    report->slot = k;
+    report->token = i / p.topk;
+    report->slot = i % p.topk;
     report->value = e;
   }
   return -1;
@@ -250,7 +252,7 @@ __device__ uint32_t load_weight(const DispatchParams& p, int t) {
   return p.weights != nullptr && lane < p.topk ? __float_as_uint(p.weights[t * p.weights_row_stride + lane]) : 0u;
 }
 
-// The call's rows as lines: FP8 H bytes, or BF16 2 H; send items of kLinesPerItem lines.
+// The call's rows as lines: FP8 H bytes, or BF16 2 H (send items of kLinesPerItem lines: by_row_items).
 template <bool kFp8>
 __device__ int row_bytes(const DispatchParams& p) {
   return kFp8 ? p.hidden : 2 * p.hidden;
@@ -258,10 +260,6 @@ __device__ int row_bytes(const DispatchParams& p) {
 template <bool kFp8>
 __device__ int row_lines(const DispatchParams& p) {
   return core::ll_row_lines(row_bytes<kFp8>(p));
-}
-template <bool kFp8>
-__device__ int row_items(const DispatchParams& p) {
-  return line_items(row_lines<kFp8>(p));
 }
 
 // One warp: this lane's vectors of item g of token t's row as they go on the wire (the stamp vectors
@@ -341,7 +339,7 @@ struct TokenRanks {
 __device__ TokenRanks token_ranks(const DispatchParams& p, const int16_t* experts, int t) {
   const int lane = threadIdx.x % kWarp;
   const int expert = lane < p.topk ? experts[t * p.topk + lane] : -1;
-  const int rank = expert >= 0 ? expert / p.v.experts_per_rank() : -1;
+  const int rank = expert >= 0 ? int(p.v.by_local_experts.quotient(uint32_t(expert))) : -1;
   const uint32_t same_rank = __match_any_sync(~0u, rank);
   return TokenRanks{expert, rank, __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1)};
 }
@@ -395,8 +393,9 @@ __device__ bool send_counts_and_manifests(const DispatchParams& p, const int16_t
   __syncthreads();
   if (!set_free(p, seq, free)) return false;
   for (int e = threadIdx.x; e < v.num_experts; e += blockDim.x) {
-    if (!masked[e / E_local])
-      store_word(v.expert_counts_of(e / E_local, p.set, v.team.rank) + e % E_local, core::stamped(stamp, counts[e]));
+    const int r = int(v.by_local_experts.quotient(uint32_t(e)));
+    if (!masked[r])
+      store_word(v.expert_counts_of(r, p.set, v.team.rank) + (e - r * E_local), core::stamped(stamp, counts[e]));
   }
   // Manifests: a warp per (rank, word); lane i looks at token 32 j + i.
   const int words = core::ll_manifest_words(v.max_tokens);
@@ -406,7 +405,7 @@ __device__ bool send_counts_and_manifests(const DispatchParams& p, const int16_t
     bool sends = false;
     for (int k = 0; t < p.num_tokens && k < K; ++k) {
       const int e = experts[t * K + k];
-      sends |= e >= 0 && e / E_local == r;
+      sends |= e >= 0 && int(v.by_local_experts.quotient(uint32_t(e))) == r;
     }
     const uint32_t bits = __ballot_sync(~0u, sends);
     if (lane == 0) store_word(v.manifest_of(r, p.set, v.team.rank) + j, core::stamped(stamp, bits));
@@ -437,7 +436,7 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   // ~3 us after the others'.) A warp's first work is loaded (a send item: and cast) before the table is
   // staged, with the peers' freed flags.
   const uint32_t stamp = core::ll_stamp(seq);
-  const int per_row = row_items<kFp8>(p), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
+  const int per_row = int(p.by_row_items.d), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
   const int warps = gridDim.x * kWarps, first = blockIdx.x * kWarps + threadIdx.x / kWarp;
   SetFree free = load_set_free(v, core::kLlDispatch, p.set);
   // The table's first entries (kEarlyEntries per thread) and the rank mask are loaded before the warp's
@@ -445,7 +444,8 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   // kMaxNvlinkRanks: one rank per thread).
   const int entries = p.num_tokens * p.topk;
   const auto entry = [&](int i) {  // entry i of the caller's table, flattened (token i / K, slot i % K)
-    return topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, i / p.topk, i % p.topk);
+    const int t = int(p.by_topk.quotient(uint32_t(i)));
+    return topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, t, i - t * p.topk);
   };
   int64_t early[kEarlyEntries];
 #pragma unroll
@@ -457,14 +457,13 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   uint32_t weight = first < routing ? load_weight(p, first) : 0u;
   uint4 vectors[2] = {};
   if (first >= routing && first < work) {
-    load_item<kFp8>(p, stamp, (first - routing) / per_row, (first - routing) % per_row, vectors);
+    const uint32_t t = p.by_row_items.quotient(uint32_t(first - routing));
+    load_item<kFp8>(p, stamp, int(t), first - routing - int(t) * per_row, vectors);
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_loaded>(v.team);
   }
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
   // become -1 in a second pass (only when a rank is masked).
-  const auto stage = [&](int i, int64_t e) {
-    experts[i] = checked_expert(p, e, i / p.topk, i % p.topk, blockIdx.x == 0);
-  };
+  const auto stage = [&](int i, int64_t e) { experts[i] = checked_expert(p, e, i, blockIdx.x == 0); };
 #pragma unroll
   for (int j = 0; j < kEarlyEntries; ++j) {
     const int i = threadIdx.x + j * blockDim.x;
@@ -476,7 +475,7 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   // steps reads with no barrier of its own: every thread of every CTA passes this one).
   if (__syncthreads_or(rank_masked)) {
     for (int i = threadIdx.x; i < entries; i += blockDim.x) {
-      if (experts[i] >= 0 && masked[experts[i] / v.experts_per_rank()]) experts[i] = -1;
+      if (experts[i] >= 0 && masked[v.by_local_experts.quotient(uint32_t(experts[i]))]) experts[i] = -1;
     }
     __syncthreads();
   }
@@ -491,7 +490,7 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
       ok = send_routing(p, experts, seq, i, weight, free);
       continue;
     }
-    const int t = (i - routing) / per_row, g = (i - routing) % per_row;
+    const int t = int(p.by_row_items.quotient(uint32_t(i - routing))), g = i - routing - t * per_row;
     if (i != first) load_item<kFp8>(p, stamp, t, g, vectors);
     ok = send_item<kFp8>(p, experts, seq, t, g, vectors, free);
     sent_lines = ok;
@@ -720,14 +719,13 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
     ok = __syncthreads_and(ok);  // warp-uniform again: the work items use warp collectives
     if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_outputs>(v.team);
   }
-  // Work items: (message, part), parts chosen so that every warp of the grid has about one (at most 8,
-  // and no more than the payload's line instructions).
-  const int messages = R * v.max_tokens;
+  // Work items: (message, part), p.by_receive_parts.d parts per message (receive_parts).
+  const int messages = R * v.max_tokens, parts = int(p.by_receive_parts.d);
   const int warps = gridDim.x * kWarps;
-  const int parts = max(1, min(min(warps / messages, 8), line_instructions(row_lines<kFp8>(p))));
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
-    const int message = item / parts;
-    ok = receive_message<kFp8>(p, masked, stamp, message / v.max_tokens, message % v.max_tokens, item % parts, parts);
+    const int message = int(p.by_receive_parts.quotient(uint32_t(item)));
+    const int s = int(v.by_max_tokens.quotient(uint32_t(message)));
+    ok = receive_message<kFp8>(p, masked, stamp, s, message - s * v.max_tokens, item - message * parts, parts);
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_received>(v.team);
   }
   last_cta_records_freed(v, v.blocks_done_of(core::kLlDispatch), core::kLlDispatch, p.set, seq);
@@ -761,14 +759,26 @@ void load_dispatch_kernel() {
   load(reinterpret_cast<const void*>(dispatch_kernel<false>), "LL dispatch kernel (BF16)");
 }
 
+// The parts a received message is cut into: so that every warp of the grid has about one work item (at
+// most 8, and no more than the payload's line instructions).
+int receive_parts(const DispatchParams& p, int num_blocks) {
+  const int messages = p.v.team.nranks * p.v.max_tokens;
+  const int lines = core::ll_row_lines(p.fp8 ? p.hidden : 2 * p.hidden);
+  return std::max(1, std::min(std::min(num_blocks * kWarps / messages, 8), line_instructions(lines)));
+}
+
 void launch_dispatch(const DispatchParams& params, int num_blocks, cudaStream_t stream) {
-  const std::size_t shared = (params.phases & kSend) == 0 ? 0
-                                                          : experts_table_bytes(params.num_tokens, params.topk) +
-                                                                std::size_t(params.v.num_experts) * sizeof(int32_t);
-  if (params.fp8) {
-    dispatch_kernel<true><<<num_blocks, kThreads, shared, stream>>>(params);
+  DispatchParams p = params;
+  p.by_topk = core::Divisor::of(uint32_t(std::max(p.topk, 1)));
+  p.by_row_items = core::Divisor::of(uint32_t(line_items(core::ll_row_lines(p.fp8 ? p.hidden : 2 * p.hidden))));
+  p.by_receive_parts = core::Divisor::of(uint32_t(receive_parts(p, num_blocks)));
+  const std::size_t shared = (p.phases & kSend) == 0 ? 0
+                                                     : experts_table_bytes(p.num_tokens, p.topk) +
+                                                           std::size_t(p.v.num_experts) * sizeof(int32_t);
+  if (p.fp8) {
+    dispatch_kernel<true><<<num_blocks, kThreads, shared, stream>>>(p);
   } else {
-    dispatch_kernel<false><<<num_blocks, kThreads, shared, stream>>>(params);
+    dispatch_kernel<false><<<num_blocks, kThreads, shared, stream>>>(p);
   }
   detail::check_launch("LL dispatch kernel");
 }

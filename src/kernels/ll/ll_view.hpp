@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "core/divisor.hpp"
 #include "core/ll_areas.hpp"
 #include "epx/ll.hpp"
 #include "transport/device/team_view.hpp"
@@ -25,10 +26,12 @@ struct LlView {
   uint64_t freed, manifests, expert_counts, headers, payloads, combine_rows;
   uint64_t blocks_done, pending_freed, message_slots, entry_rows, entry_weights, home, rank_mask;
   int32_t max_tokens, hidden, max_topk, num_experts, combine_slots;
-  bool mask_on_timeout;  // LlBufferOptions::mask_on_timeout
+  int32_t local_experts;                          // num_experts / team.nranks
+  core::Divisor by_local_experts, by_max_tokens;  // an expert's rank; a message's source and token
+  bool mask_on_timeout;                           // LlBufferOptions::mask_on_timeout
   LlHostReport* host_report;
 
-  __host__ __device__ int experts_per_rank() const { return num_experts / team.nranks; }
+  __host__ __device__ int experts_per_rank() const { return local_experts; }
   __host__ __device__ int64_t rows_per_expert() const { return int64_t(team.nranks) * max_tokens; }  // C
   // Message index of (set, source, token) in headers, payloads and entry_rows.
   __host__ __device__ int64_t message(int set, int src, int t) const {
@@ -105,6 +108,9 @@ struct DispatchParams {
   int32_t* src_idx;
   LlRange* layout_range;
   int32_t* cumulative_recv_count;  // or null
+  // Filled by launch_dispatch: topk (K >= 1), a row's send items (8 lines each) in the call's format, and
+  // the parts a received message is cut into (work items of the receive step).
+  core::Divisor by_topk, by_row_items, by_receive_parts;
 };
 
 struct CombineParams {
@@ -120,6 +126,9 @@ struct CombineParams {
   int64_t weights_row_stride;
   uint16_t* out;
   int64_t out_row_stride;
+  // Filled by launch_combine: a row's items (8 lines each), and the parts a message is cut into (work
+  // items of the send step).
+  core::Divisor by_row_items, by_send_parts;
 };
 
 // Host-side launchers (src/kernels/ll/*.cu); arguments are checked by src/api/ll_buffer.cpp first.

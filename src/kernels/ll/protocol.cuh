@@ -123,11 +123,9 @@ __device__ __forceinline__ int item_line(int g, int j) { return instruction_line
 __device__ __forceinline__ int line_byte(int line) {
   return core::kLlLineDataBytes * line + int(sizeof(uint4)) * line_vector();
 }
-// The line instructions and the work items of a row of `lines` lines.
-__device__ __forceinline__ int line_instructions(int lines) {
-  return (lines + kLinesPerInstruction - 1) / kLinesPerInstruction;
-}
-__device__ __forceinline__ int line_items(int lines) { return (lines + kLinesPerItem - 1) / kLinesPerItem; }
+// The line instructions and the work items of a row of `lines` lines (host and device code).
+constexpr int line_instructions(int lines) { return (lines + kLinesPerInstruction - 1) / kLinesPerInstruction; }
+constexpr int line_items(int lines) { return (lines + kLinesPerItem - 1) / kLinesPerItem; }
 // The stamp of the line whose vector this lane holds in x (the whole warp calls it).
 __device__ __forceinline__ uint32_t line_stamp(const uint4& x) {
   return __shfl_sync(~0u, x.x, int(threadIdx.x % kWarp) | (core::kLlLineVectors - 1));
