@@ -387,7 +387,7 @@ __device__ bool send_counts_and_manifests(const DispatchParams& p, const int16_t
   for (int i = threadIdx.x; i < p.num_tokens * K; i += blockDim.x) {
     const int e = experts[i];
     bool repeated = false;
-    for (int j = i - i % K; j < i; ++j) repeated |= experts[j] == e;
+    for (int j = int(p.by_topk.quotient(uint32_t(i))) * K; j < i; ++j) repeated |= experts[j] == e;
     if (e >= 0 && !repeated) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
@@ -613,42 +613,61 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   return m;
 }
 
-// This lane's vector x of payload line `line` into the packed output row `row` (every lane of the warp
-// calls it with the same row, and `scales`, the row's scales output): a data vector to its row bytes;
-// FP8, the scale a stamp vector carries (word 1, group 7 i + j of line 8 i + j, j < 7) to the scales
-// output (UE8M0: its exponent byte).
+// Where this lane's vectors of a batch of line instructions (base .. batch_end - 1) go in a packed output
+// row, worked out once per batch for every row the message expands to (the copy then costs each row a
+// few predicated stores: a warp runs its instructions one after another, so per-row work adds up). A
+// data vector: its byte in the row (-1: past the row, or no line). FP8, a stamp vector, whose word 1 is
+// the scale of group 7 i + j of line 8 i + j (j < 7): its byte in the row's scales output (-1: none),
+// and what goes there (UE8M0: the exponent byte, in byte group % 4 of word group / 4).
 template <bool kFp8>
-__device__ void store_line_vector(const DispatchParams& p, int32_t row, uint32_t* scales, int line, const uint4& x) {
-  const int vector = line_vector(), bytes = row_bytes<kFp8>(p);
-  if (vector < kDataVectors) {
-    const int byte = line_byte(line);
-    if (byte < bytes) *reinterpret_cast<uint4*>(static_cast<char*>(p.out_x) + int64_t(row) * bytes + byte) = x;
-    return;
-  }
-  const int k = line % kLinesPerItem, group = kItemGroups * (line / kLinesPerItem) + k;
-  if (!kFp8 || k >= kItemGroups || group >= p.hidden / kGroup) return;
-  const int64_t col_stride = p.scales_layout.col_stride;
-  if (p.ue8m0) {  // word group / 4 holds the exponents of groups 4 w .. 4 w + 3, group 4 w + b in byte b
-    reinterpret_cast<uint8_t*>(scales + (group / 4) * col_stride)[group % 4] = uint8_t(x.y >> 23);
-  } else {
-    scales[group * col_stride] = x.y;
-  }
-}
+struct BatchTargets {
+  int32_t data_at[kLineBatch];
+  int64_t scale_at[kLineBatch];
 
-// One warp, part `part` of `parts` of message (s, t): a run of its payload's line instructions. Every
-// load of the part goes out before any wait: the manifest word, the header and the first batch of its
-// lines; a stamped word or line vouches for itself, so one loaded before the manifest bit was seen is
-// as good as one loaded after. What had not arrived is then polled, in the protocol's order. Part 0
-// records the message for combine (message_slots, entry_rows, entry_weights) and src_idx; every part
-// copies its lines into every row the message expands to. Returns false when the team failed.
+  __device__ BatchTargets(const DispatchParams& p, int base, int batch_end, int lines) {
+    const int vector = line_vector(), bytes = row_bytes<kFp8>(p), groups = p.hidden / kGroup;
+    const int64_t col_bytes = p.scales_layout.col_stride * int64_t(sizeof(uint32_t));
+#pragma unroll
+    for (int b = 0; b < kLineBatch; ++b) {
+      const int line = instruction_line(base + b);
+      const bool wanted = base + b < batch_end && line < lines;
+      const int byte = line_byte(line);
+      data_at[b] = wanted && vector < kDataVectors && byte < bytes ? byte : -1;
+      const int k = line % kLinesPerItem, group = kItemGroups * (line / kLinesPerItem) + k;
+      const bool scale = kFp8 && wanted && vector == kDataVectors && k < kItemGroups && group < groups;
+      scale_at[b] = !scale ? -1 : p.ue8m0 ? (group / 4) * col_bytes + group % 4 : group * col_bytes;
+    }
+  }
+
+  // This lane's vectors x into packed row `row`, whose scales output starts at `scales` (FP8).
+  __device__ void store(const DispatchParams& p, int32_t row, uint8_t* scales, const uint4 (&x)[kLineBatch]) const {
+    char* out = static_cast<char*>(p.out_x) + int64_t(row) * row_bytes<kFp8>(p);
+#pragma unroll
+    for (int b = 0; b < kLineBatch; ++b) {
+      if (data_at[b] >= 0) *reinterpret_cast<uint4*>(out + data_at[b]) = x[b];
+      if (!kFp8 || scale_at[b] < 0) continue;
+      if (p.ue8m0) {
+        scales[scale_at[b]] = uint8_t(x[b].y >> 23);
+      } else {
+        *reinterpret_cast<uint32_t*>(scales + scale_at[b]) = x[b].y;
+      }
+    }
+  }
+};
+
+// One warp, part `part` of message (s, t), of p.by_receive_parts.d parts: a run of its payload's line
+// instructions. Every load of the part goes out before any wait: the manifest word, the header and the
+// first batch of its lines; a stamped word or line vouches for itself, so one loaded before the manifest
+// bit was seen is as good as one loaded after. What had not arrived is then polled, in the protocol's
+// order. Part 0 records the message for combine (message_slots, entry_rows, entry_weights) and src_idx;
+// every part copies its lines into every row the message expands to. Returns false when the team failed.
 template <bool kFp8>
-__device__ bool receive_message(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t, int part,
-                                int parts) {
+__device__ bool receive_message(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t, int part) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
   const uint4* payload = v.payload(me, p.set, s, t);
   const int lines = row_lines<kFp8>(p), instructions = line_instructions(lines);
-  const int per_part = (instructions + parts - 1) / parts;
+  const int per_part = int(p.by_receive_parts.quotient(uint32_t(instructions) + p.by_receive_parts.d - 1));
   const int first = part * per_part, end = min(instructions, first + per_part);
   uint4 x[kLineBatch] = {};
   bool here = load_lines(payload, first, min(end, first + kLineBatch), lines, stamp, x);
@@ -674,15 +693,14 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
                               transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
     if (got == PeerWait::failed) return false;
     if (got == PeerWait::masked) return true;  // s got masked: its rows stay unwritten
+    const BatchTargets<kFp8> targets(p, base, batch_end, lines);
     for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
-      const int32_t row = __shfl_sync(~0u, m.row, __ffs(rest) - 1);
-      uint32_t* scales = reinterpret_cast<uint32_t*>(
-          __shfl_sync(~0u, reinterpret_cast<unsigned long long>(m.scales), __ffs(rest) - 1));
-#pragma unroll
-      for (int b = 0; b < kLineBatch; ++b) {
-        const int line = instruction_line(base + b);
-        if (base + b < batch_end && line < lines) store_line_vector<kFp8>(p, row, scales, line, x[b]);
+      const int slot = __ffs(rest) - 1;
+      uint8_t* scales = nullptr;
+      if (kFp8) {
+        scales = reinterpret_cast<uint8_t*>(__shfl_sync(~0u, reinterpret_cast<unsigned long long>(m.scales), slot));
       }
+      targets.store(p, __shfl_sync(~0u, m.row, slot), scales, x);
     }
   }
   return true;
@@ -725,7 +743,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
     const int message = int(p.by_receive_parts.quotient(uint32_t(item)));
     const int s = int(v.by_max_tokens.quotient(uint32_t(message)));
-    ok = receive_message<kFp8>(p, masked, stamp, s, message - s * v.max_tokens, item - message * parts, parts);
+    ok = receive_message<kFp8>(p, masked, stamp, s, message - s * v.max_tokens, item - message * parts);
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_received>(v.team);
   }
   last_cta_records_freed(v, v.blocks_done_of(core::kLlDispatch), core::kLlDispatch, p.set, seq);
