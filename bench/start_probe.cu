@@ -125,8 +125,8 @@ int main() {
     us[kPoints - 1] = double(out[kPoints - 1] - out[0]) / double(out[kPoints]) * 1e3;  // MHz while it ran
     return us;
   };
-  const char* names[] = {"first load",  "second load, same page", "load, new page",
-                         "code pass 1", "code pass 2",            "clock seen (MHz)"};
+  const char* names[] = {"first load",  "second load, same page", "load, new page", "code pass 1",
+                         "code pass 2", "clock seen (MHz)"};
   Row rows[] = {{"probe after itself", {}}, {"after other code", {}}, {"after a page sweep", {}}};
   constexpr int kRepeats = 11;
   probe();
@@ -138,9 +138,10 @@ int main() {
     sweep_kernel<<<132, 256>>>(sweep, kSweepBytes);
     rows[2].us.push_back(probe());
   }
-  std::printf("epx-start-probe: one warp, clock64 at the device's clock rate (%d MHz); median [min, max] of %d "
-              "launches, us\n",
-              clock_khz / 1000, kRepeats);
+  std::printf(
+      "epx-start-probe: one warp, clock64 at the device's clock rate (%d MHz); median [min, max] of %d "
+      "launches, us\n",
+      clock_khz / 1000, kRepeats);
   std::printf("%-22s", "condition");
   for (const char* n : names) std::printf(" | %-24s", n);
   std::printf("\n");

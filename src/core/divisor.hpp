@@ -35,4 +35,4 @@ struct Divisor {
   constexpr uint32_t remainder(uint32_t n) const { return n - quotient(n) * d; }
 };
 
-}  // namespace epx::kernels
+}  // namespace epx::core
