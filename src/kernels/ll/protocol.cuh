@@ -20,8 +20,11 @@
 //     which time this rank has started the call in between whenever the peer's calls depended on it
 //     (every dispatch waits for every peer's counts of the same call); otherwise the wait lasts until
 //     this rank starts its next call of the op (ll.hpp's rules).
-// Signals are system-scope release stores by one thread; waits are acquires, bounded (wait_at_least),
-// except the set-free check's early loads, which are relaxed (SetFree says why).
+// Signals are system-scope stores by one thread, relaxed: what a "freed" signal vouches for, this rank's
+// reads of the set, ended with an earlier kernel (a grid's accesses are complete when it ends, before the
+// next kernel of the stream starts), so a release would order nothing (its fence only held up the
+// signalling thread at its kernel's start). Waits are acquires, bounded (wait_at_least), except the
+// set-free check's early loads, which go through L1 (load_through_l1; SetFree says why).
 // One remote signal per call and peer: many CTAs adding to one remote counter serialise on it.
 //
 // Rank masking (rank_mask, written by the host through LlBuffer::set_rank_masked, or by a wait on that
@@ -43,9 +46,24 @@
 
 namespace epx::kernels::ll {
 
+// A load the SM's L1 may serve (ld.ca), for the flag words every warp of a kernel reads when it starts:
+// its call's sequence number and the peers' "freed" flags. Loads that bypass L1 (relaxed.sys, volatile)
+// of one word all go to the L2 slice that holds it, one request per warp: with the default grid (132 CTAs
+// of 16 warps) ~4,000 requests in a row at every kernel's start, which the first loads of every warp wait
+// behind. Through L1, an SM's first request fetches the line and its other warps share it. The driver
+// invalidates L1 between dependent grids (PTX ISA, cache operators), so the value is at least as new as
+// the line was when this SM first fetched it in this kernel: a word written by an earlier kernel of this
+// rank is seen (the sequence number), and a "freed" flag, which only grows, may be seen too low, which
+// sends the warp to the acquire wait (ensure_set_free).
+__device__ __forceinline__ uint64_t load_through_l1(const uint64_t* p) {
+  uint64_t value;
+  asm volatile("ld.global.ca.u64 %0, [%1];" : "=l"(value) : "l"(p) : "memory");
+  return value;
+}
+
 // The sequence number of the call being made on (op, set).
 __device__ inline uint64_t call_sequence(const LlView& v, int op, int set) {
-  return transport::load_relaxed_sys(v.freed_flag(v.team.rank, op, set, v.team.rank)) + 1;
+  return load_through_l1(v.freed_flag(v.team.rank, op, set, v.team.rank)) + 1;
 }
 
 // Whether this rank no longer exchanges with rank r (rank masking, above).
@@ -215,10 +233,10 @@ __device__ inline bool wait_set_free(const LlView& v, int op, int set, uint64_t 
 // A warp's state of the "set is free" wait (ensure_set_free). `early`: lane r < R's load of freed(me, op,
 // set, r) made when the kernel starts (load_set_free), so that its round trip hides behind the kernel's
 // first loads instead of delaying the warp's first remote store (an acquire load would hold back the
-// loads after it). A relaxed load is enough on the hardware, not by the PTX memory model alone (a
-// relaxed load that reads a release store does not synchronise with it): the flag speaks for a peer's
-// reads that ended with an earlier kernel of the peer, and a store issued after the load has returned
-// and been compared cannot reach them, as a GPU performs no store speculatively.
+// loads after it), through L1 (load_through_l1). A load without ordering is enough, as the signal is
+// relaxed (above): the flag speaks for a peer's reads that ended with an earlier kernel of the peer, and a
+// store issued after the load has returned and been compared cannot reach them, as a GPU performs no
+// store speculatively.
 struct SetFree {
   uint64_t early;
   bool seen;  // the warp has seen every peer free the set
@@ -226,7 +244,7 @@ struct SetFree {
 
 __device__ inline SetFree load_set_free(const LlView& v, int op, int set) {
   const int r = threadIdx.x % kWarp;
-  return SetFree{r < v.team.nranks ? transport::load_relaxed_sys(v.freed_flag(v.team.rank, op, set, r)) : ~0ull, false};
+  return SetFree{r < v.team.nranks ? load_through_l1(v.freed_flag(v.team.rank, op, set, r)) : ~0ull, false};
 }
 
 // Before a warp's first remote store of a call: whether the early loads already show every peer free
@@ -252,11 +270,11 @@ __device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_
   });
 }
 
-// One thread of every kernel of op, first (thread 0 of a CTA each kernel picks, before that CTA's work:
-// dispatch's second-to-last, combine's last): sends the "freed" signals of the op's receive step
-// recorded by an earlier kernel (last_cta_records_freed) to every peer not masked now, and clears the
-// record. Kernels of one op on a buffer never overlap (calls are stream-ordered, and a graph captures them in order),
-// and this kernel's own record, if any, comes after every CTA's count (the acquire-release chain above).
+// One thread of every kernel of op, first (thread 0 of the second-to-last CTA, before that CTA's work:
+// the last one sends the dispatch's counts and takes the combine's first receive items): sends the "freed" signals of
+// the op's receive step recorded by an earlier kernel (last_cta_records_freed) to every peer not masked now, and clears
+// the record. Kernels of one op on a buffer never overlap (calls are stream-ordered, and a graph captures them in
+// order), and this kernel's own record, if any, comes after every CTA's count (the acquire-release chain above).
 __device__ inline void signal_pending_freed(const LlView& v, int op) {
   uint64_t* word = v.pending_freed_of(op);
   const uint64_t pending = *word;
@@ -266,7 +284,7 @@ __device__ inline void signal_pending_freed(const LlView& v, int op) {
   const int set = int(pending & 1u);
   for (int r = 0; r < v.team.nranks; ++r) {
     if (r == v.team.rank || is_masked(v, r)) continue;
-    transport::store_release_sys(v.freed_flag(r, op, set, v.team.rank), pending >> 1);
+    transport::store_relaxed_sys(v.freed_flag(r, op, set, v.team.rank), pending >> 1);  // relaxed: above
   }
 }
 

@@ -43,7 +43,8 @@ __device__ __forceinline__ uint32_t add_acq_rel_gpu(uint32_t* counter, uint32_t 
   return before;
 }
 
-// For a word that carries its own data (core::stamped): no ordering, only that its 8 bytes land whole.
+// For a word that carries its own data (core::stamped), or a signal that orders nothing (LL's "freed", see
+// kernels/ll/protocol.cuh): no ordering, only that its 8 bytes land whole.
 __device__ __forceinline__ void store_relaxed_sys(uint64_t* word, uint64_t value) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(word), "l"(value) : "memory");
 }
