@@ -21,17 +21,23 @@ __device__ inline void allow_dependent_launch() { asm volatile("griddepcontrol.l
 __device__ inline void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // Called by every thread of every CTA once its own accesses of the kernel are issued. Each CTA:
-// __syncthreads; thread 0 adds one to `blocks_done`, a private counter that is zero between kernels, with
-// a GPU-scope acquire-release add (no fence: the count publishes nothing to peers; a signal that does
-// publishes data fences on its own, as HT's signal_done). The CTA that brings it to gridDim.x is the last:
-// it resets the counter (and `work_claimed`, a kernel's private count of claimed work items, when given:
-// every CTA claims its last item before it counts itself done), and every CTA's accesses before its add
-// are ordered before what the last CTA does next on this GPU. Returns true on every thread of the last CTA.
+// __syncthreads; thread 0 adds one to `blocks_done`, a private counter that is zero between kernels. The
+// CTA that brings it to gridDim.x is the last: it resets the counter (and `work_claimed`, a kernel's
+// private count of claimed work items, when given: every CTA claims its last item before it counts itself
+// done). Returns true on every thread of the last CTA.
+// kOrdered: the add is a GPU-scope acquire-release (a fence first: the thread waits until its earlier
+// accesses are performed), so every CTA's accesses before its add are ordered before what the last CTA
+// does next on this GPU (HT, whose last CTA goes on to wait for and read what peers and CTAs wrote). It
+// publishes nothing to peers; a signal that publishes data fences on its own, as HT's signal_done.
+// Without it, a relaxed add: for a last CTA whose work only later kernels read (LL's freed record).
+template <bool kOrdered = true>
 __device__ inline bool last_cta_done(uint32_t* blocks_done, uint32_t* work_claimed = nullptr) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    last = transport::add_acq_rel_gpu(blocks_done, 1u) == gridDim.x - 1;
+    const uint32_t before =
+        kOrdered ? transport::add_acq_rel_gpu(blocks_done, 1u) : transport::add_relaxed_gpu(blocks_done, 1u);
+    last = before == gridDim.x - 1;
     if (last) {
       *blocks_done = 0;
       if (work_claimed != nullptr) *work_claimed = 0;
@@ -41,16 +47,17 @@ __device__ inline bool last_cta_done(uint32_t* blocks_done, uint32_t* work_claim
   return last;
 }
 
-// Called by every thread of every CTA once its own accesses are issued (see last_cta_done). The last
-// CTA's thread 0 calls signal(), unless the team had failed when that thread read the failure word,
-// before the count (a hint: a wait that expires during the count is missed, so a caller that signals
-// peers checks again before it stores to them, as LL's signal_pending_freed does). Returns true on every
-// thread of the last CTA when it signalled.
+// Called by every thread of every CTA once its own accesses are issued (see last_cta_done, unordered:
+// what signal() writes is for later kernels only, and every CTA has started, and read what it reads of
+// those words, before the last one counts itself). The last CTA's thread 0 calls signal(), unless the
+// team had failed when that thread read the failure word, before the count (a hint: a wait that expires
+// during the count is missed, so a caller that signals peers checks again before it stores to them, as
+// LL's signal_pending_freed does). Returns true on every thread of the last CTA when it signalled.
 template <typename Signal>
 __device__ bool signal_when_last(const transport::TeamView& team, uint32_t* blocks_done, Signal signal) {
   __shared__ bool signalled;
   const bool failed = threadIdx.x == 0 && team_failed(team);  // loaded early: hidden behind the count
-  if (!last_cta_done(blocks_done)) return false;              // the same answer on every thread of a CTA
+  if (!last_cta_done<false>(blocks_done)) return false;       // the same answer on every thread of a CTA
   if (threadIdx.x == 0) {
     signalled = !failed;
     if (signalled) signal();

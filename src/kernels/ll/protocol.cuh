@@ -260,9 +260,11 @@ __device__ inline bool ensure_set_free(const LlView& v, int op, int set, uint64_
 }
 
 // Every thread of every CTA calls it once its reads for the receive step of call seq on (op, set) are
-// done. The last CTA (signal_when_last: a GPU-scope count, no fence) sets this rank's own freed(me,
-// op, set, me) = seq and records the call in pending_freed[op] for signal_pending_freed, unless the
-// team failed. `blocks_done` is the step's private CTA counter (zero between kernels).
+// done. The last CTA (signal_when_last: a relaxed GPU-scope count, no fence) sets this rank's own
+// freed(me, op, set, me) = seq and records the call in pending_freed[op] for signal_pending_freed, unless
+// the team failed. Only later kernels read either word (a grid's accesses are complete when it ends), and
+// this kernel's CTAs all read freed(me, op, set, me) (call_sequence) before they count themselves.
+// `blocks_done` is the step's private CTA counter (zero between kernels).
 __device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_done, int op, int set, uint64_t seq) {
   signal_when_last(v.team, blocks_done, [&] {
     *v.freed_flag(v.team.rank, op, set, v.team.rank) = seq;
@@ -271,16 +273,15 @@ __device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_
 }
 
 // One thread of every kernel of op, first (thread 0 of the second-to-last CTA, before that CTA's work:
-// the last one sends the dispatch's counts and takes the combine's first receive items): sends the "freed" signals of
-// the op's receive step recorded by an earlier kernel (last_cta_records_freed) to every peer not masked now, and clears
-// the record. Kernels of one op on a buffer never overlap (calls are stream-ordered, and a graph captures them in
-// order), and this kernel's own record, if any, comes after every CTA's count (the acquire-release chain above).
+// the last one sends the dispatch's counts and takes the combine's first receive items): takes the record
+// of the op's receive step that an earlier kernel left (last_cta_records_freed) and clears it, in one
+// atomic exchange, then sends its "freed" signals to every peer not masked now. Kernels of one op on a
+// buffer never overlap (calls are stream-ordered, and a graph captures them in order). This kernel's own
+// record, if any, is written by its last CTA after every CTA's count, and this thread's exchange is
+// performed before it counts its CTA (it waits for the exchange's value), so the exchange cannot clear it.
 __device__ inline void signal_pending_freed(const LlView& v, int op) {
-  uint64_t* word = v.pending_freed_of(op);
-  const uint64_t pending = *word;
-  if (pending == 0) return;
-  *word = 0;
-  if (team_failed(v.team)) return;
+  const uint64_t pending = atomicExch(reinterpret_cast<unsigned long long*>(v.pending_freed_of(op)), 0ull);
+  if (pending == 0 || team_failed(v.team)) return;
   const int set = int(pending & 1u);
   for (int r = 0; r < v.team.nranks; ++r) {
     if (r == v.team.rank || is_masked(v, r)) continue;

@@ -43,6 +43,15 @@ __device__ __forceinline__ uint32_t add_acq_rel_gpu(uint32_t* counter, uint32_t 
   return before;
 }
 
+// A GPU-scope count with no ordering at all (returns the value before): for a count whose result only
+// later kernels act on (a grid's accesses are complete when it ends), so that the counting thread need
+// not wait for its earlier stores first, as a release (MEMBAR, ERRBAR) would make it.
+__device__ __forceinline__ uint32_t add_relaxed_gpu(uint32_t* counter, uint32_t value) {
+  uint32_t before;
+  asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(before) : "l"(counter), "r"(value) : "memory");
+  return before;
+}
+
 // For a word that carries its own data (core::stamped), or a signal that orders nothing (LL's "freed", see
 // kernels/ll/protocol.cuh): no ordering, only that its 8 bytes land whole.
 __device__ __forceinline__ void store_relaxed_sys(uint64_t* word, uint64_t value) {
