@@ -8,7 +8,8 @@
 // m = ceil(2^p / d) = (2^p + e) / d for some 0 <= e < d,
 //   floor(n m / 2^p) = floor(n / d + n e / (d 2^p)), where n e / (d 2^p) < 2^31 / 2^p = 2^-l <= 1 / d,
 // and n / d is at most (d - 1) / d above an integer, so adding less than 1 / d does not reach the next
-// one. m < 2^32 (d > 2^(l - 1) unless d is a power of two, where m = 2^31), and p <= 62.
+// one. m < 2^32: d is a power of two (m = 2^31), or d >= 2^(l - 1) + 1, so 2^p / d <= 2^32 / (1 + 2^(1 - l)),
+// at most 2^32 - 4 for l <= 31, and its ceiling stays below 2^32. p <= 62.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,7 @@ struct Divisor {
   uint32_t multiplier = 1;  // m above (d = 1: p = 0, m = 1)
   uint32_t shift = 0;       // p above
 
-  // d in [1, 2^31).
+  // d in [1, 2^31) (0 divides by zero here).
   static constexpr Divisor of(uint32_t d) {
     int l = 0;
     while ((uint64_t(1) << l) < d) ++l;

@@ -342,7 +342,7 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own
 template <bool kNaive>
 __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_start>(p.v.team);
-  // Not the last CTA: it takes the first receive items (first_receive_item).
+  // Not the last CTA (unless it is the only one): it takes the first receive items (first_receive_item).
   if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlCombine);
   const uint64_t cseq = call_sequence(p.v, core::kLlCombine, p.set);
   extern __shared__ uint4 early_own_shared[];  // kEarlyOwnBytes where early_own_rows(p)

@@ -78,7 +78,7 @@ __device__ int16_t checked_expert(const DispatchParams& p, int64_t e, int i, boo
   if (e >= -1 && e < p.v.num_experts) return int16_t(e);
   LlHostReport* report = p.v.host_report;
   if (record && atomicCAS(&report->input_error, 0, 1) == 0) {
-    report->token = i / p.topk;
+    report->token = i / p.topk;  // divisions on the error path only
     report->slot = i % p.topk;
     report->value = e;
   }
@@ -754,7 +754,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_start>(p.v.team);
-  // Not the last CTA: it sends the counts, which every receive waits for (the traces: 2.5 us later).
+  // Not the last CTA (unless it is the only one): it sends the counts, which every receive waits for.
   if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlDispatch);
   const uint64_t seq = call_sequence(p.v, core::kLlDispatch, p.set);
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask: see send and receive
@@ -779,7 +779,7 @@ void load_dispatch_kernel() {
 
 // The parts a received message is cut into: so that every warp of the grid has about one work item (at
 // most 8, and no more than the payload's line instructions).
-int receive_parts(const DispatchParams& p, int num_blocks) {
+static int receive_parts(const DispatchParams& p, int num_blocks) {
   const int messages = p.v.team.nranks * p.v.max_tokens;
   const int lines = core::ll_row_lines(p.fp8 ? p.hidden : 2 * p.hidden);
   return std::max(1, std::min(std::min(num_blocks * kWarps / messages, 8), line_instructions(lines)));

@@ -262,8 +262,9 @@ __device__ inline bool ensure_set_free(const LlView& v, int op, int set, uint64_
 // Every thread of every CTA calls it once its reads for the receive step of call seq on (op, set) are
 // done. The last CTA (signal_when_last: a relaxed GPU-scope count, no fence) sets this rank's own
 // freed(me, op, set, me) = seq and records the call in pending_freed[op] for signal_pending_freed, unless
-// the team failed. Only later kernels read either word (a grid's accesses are complete when it ends), and
-// this kernel's CTAs all read freed(me, op, set, me) (call_sequence) before they count themselves.
+// the team failed. Only later kernels read either word (a grid's accesses are complete when it ends). This
+// kernel's CTAs read freed(me, op, set, me) (call_sequence) when they start, and the value feeds all they
+// do, so each read is performed before its CTA counts itself: on the hardware, as the count is relaxed.
 // `blocks_done` is the step's private CTA counter (zero between kernels).
 __device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_done, int op, int set, uint64_t seq) {
   signal_when_last(v.team, blocks_done, [&] {
@@ -278,7 +279,8 @@ __device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_
 // atomic exchange, then sends its "freed" signals to every peer not masked now. Kernels of one op on a
 // buffer never overlap (calls are stream-ordered, and a graph captures them in order). This kernel's own
 // record, if any, is written by its last CTA after every CTA's count, and this thread's exchange is
-// performed before it counts its CTA (it waits for the exchange's value), so the exchange cannot clear it.
+// performed before it counts its CTA (it branches on the exchange's value first), so the exchange cannot
+// clear it: an ordering of the hardware, not of the PTX memory model (both atomics are relaxed).
 __device__ inline void signal_pending_freed(const LlView& v, int op) {
   const uint64_t pending = atomicExch(reinterpret_cast<unsigned long long*>(v.pending_freed_of(op)), 0ull);
   if (pending == 0 || team_failed(v.team)) return;

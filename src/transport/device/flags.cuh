@@ -5,6 +5,8 @@
 // Ordering rule of the library: whoever publishes data to a peer first makes the data visible
 // (a barrier among its writing threads, then a system-scope release by the one thread that
 // signals); whoever consumes it reads the flag with a system-scope acquire before touching the data.
+// A signal that publishes nothing, as LL's "freed" (what it vouches for ended with an earlier kernel),
+// is a relaxed store (kernels/ll/protocol.cuh).
 #pragma once
 
 #include <cstdint>
@@ -35,8 +37,8 @@ __device__ __forceinline__ void add_release_sys(uint64_t* flag, uint64_t value) 
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
 }
 
-// A GPU-scope counter of this GPU's CTAs (no fence): returns the value before; orders this thread's
-// earlier accesses before the add and its later ones after it.
+// A GPU-scope counter of this GPU's CTAs: returns the value before; orders this thread's earlier
+// accesses before the add and its later ones after it (the hardware fences first: MEMBAR, ERRBAR).
 __device__ __forceinline__ uint32_t add_acq_rel_gpu(uint32_t* counter, uint32_t value) {
   uint32_t before;
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(before) : "l"(counter), "r"(value) : "memory");
