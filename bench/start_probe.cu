@@ -1,4 +1,5 @@
-// epx-start-probe: what a kernel pays before it does any work, on one GPU. The LL phase traces show
+// epx-start-probe: what a kernel pays before it does any work, and what the operations on a warp's path
+// cost, on one GPU. The LL phase traces show
 // every step of a call taking about a microsecond, even steps that only compute; two suspects are
 // fetching the kernel's code (the LL dispatch kernel is ~128 KB of instructions) and the first loads'
 // address translations. One warp of one CTA measures, with clock64:
@@ -9,8 +10,9 @@
 //     pass flips bit 0 of the choice).
 // Conditions, each launch timed on its own: the probe again right after itself (its code and pages
 // used just before), after other_code_kernel (the whole of another ~105 KB of code), and after a
-// kernel that touches one word in every 2 MiB page of 4 GiB (translations of other pages). Not part
-// of the library.
+// kernel that touches one word in every 2 MiB page of 4 GiB (translations of other pages). Then the
+// latency of the operations the LL kernels chain on a warp's path (op_latency_kernel). Not part of the
+// library.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,10 +22,12 @@
 #include <vector>
 
 #include "bench/other_code.cuh"
+#include "core/divisor.hpp"
 
 namespace {
 
 using namespace epx::bench;
+using epx::core::Divisor;
 
 constexpr std::size_t kPageBytes = std::size_t(2) << 20;
 constexpr std::size_t kFarBytes = std::size_t(1) << 30;
@@ -99,6 +103,64 @@ struct Row {
   std::vector<std::vector<double>> us;  // per point interval, per launch
 };
 
+// Operations the LL kernels chain on a warp's path, each timed as a chain of kChainOps that depend on
+// each other (one warp, clock64): cycles per step. Each step adds what the operation returns to the
+// running value, so none can be folded or overlapped; ChainOp::alu is that addition alone (with an XOR),
+// the baseline of the others. The division's divisor depends on the running value, as a division by a
+// run-time value on a kernel's path is not hoisted out of any loop.
+enum class ChainOp : int { alu, shfl, ballot, match_any, reduce_add, lds, atoms_max, div, divisor, count };
+constexpr const char* kChainOpNames[] = {"add+xor (baseline)", "__shfl_sync",       "__ballot_sync",
+                                         "__match_any_sync",   "__reduce_add_sync", "shared load",
+                                         "shared atomicMax",   "int division",      "core::Divisor"};
+constexpr int kChainOps = 256;
+
+template <ChainOp kOp>
+__device__ __forceinline__ uint32_t chain_step(uint32_t x, uint32_t salt, uint32_t* smem, uint32_t d,
+                                               const Divisor& by_d) {
+  const uint32_t lane = threadIdx.x % 32;
+  uint32_t r = 0;
+  if constexpr (kOp == ChainOp::shfl) r = __shfl_sync(~0u, x, (x + lane) & 31);
+  if constexpr (kOp == ChainOp::ballot) r = __ballot_sync(~0u, (x >> lane) & 1);
+  if constexpr (kOp == ChainOp::match_any) r = __match_any_sync(~0u, x & 7);
+  if constexpr (kOp == ChainOp::reduce_add) r = __reduce_add_sync(~0u, x & 255);
+  if constexpr (kOp == ChainOp::lds) r = smem[x & 255];
+  if constexpr (kOp == ChainOp::atoms_max) r = atomicMax(&smem[x & 255], x);
+  if constexpr (kOp == ChainOp::div) r = x / (d | (x >> 31));  // the divisor depends on x: not hoisted
+  if constexpr (kOp == ChainOp::divisor) r = by_d.quotient(x & 0x7fffffffu);
+  return (x ^ salt) + r;
+}
+
+// out[op]: cycles per step of op's chain.
+template <ChainOp kOp>
+__device__ double chain_cycles(uint32_t seed, uint32_t* smem, uint32_t d, const Divisor& by_d) {
+  uint32_t x = seed + threadIdx.x;
+  const long long start = clock64();
+#pragma unroll 1
+  for (int i = 0; i < kChainOps; ++i) x = chain_step<kOp>(x, seed, smem, d, by_d);
+  const long long end = clock_after(x, smem + 256 + threadIdx.x % 32);
+  return double(end - start) / kChainOps;
+}
+
+__global__ void op_latency_kernel(uint32_t seed, uint32_t d, Divisor by_d, double* out) {
+  __shared__ uint32_t smem[256 + 32];
+  if (threadIdx.x >= 32) return;
+  for (int i = threadIdx.x; i < 256; i += 32) smem[i] = i * 2654435761u;
+  __syncwarp();
+  double cycles[int(ChainOp::count)];
+  cycles[0] = chain_cycles<ChainOp::alu>(seed, smem, d, by_d);
+  cycles[1] = chain_cycles<ChainOp::shfl>(seed, smem, d, by_d);
+  cycles[2] = chain_cycles<ChainOp::ballot>(seed, smem, d, by_d);
+  cycles[3] = chain_cycles<ChainOp::match_any>(seed, smem, d, by_d);
+  cycles[4] = chain_cycles<ChainOp::reduce_add>(seed, smem, d, by_d);
+  cycles[5] = chain_cycles<ChainOp::lds>(seed, smem, d, by_d);
+  cycles[6] = chain_cycles<ChainOp::atoms_max>(seed, smem, d, by_d);
+  cycles[7] = chain_cycles<ChainOp::div>(seed, smem, d, by_d);
+  cycles[8] = chain_cycles<ChainOp::divisor>(seed, smem, d, by_d);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < int(ChainOp::count); ++i) out[i] = cycles[i];
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -155,6 +217,25 @@ int main() {
     }
     std::printf("\n");
   }
+  // Operation latencies (op_latency_kernel): the median of kRepeats launches.
+  double* op_cycles = nullptr;
+  check(cudaMallocHost(&op_cycles, sizeof(double) * int(ChainOp::count)), "cudaMallocHost");
+  std::vector<std::vector<double>> per_op(int(ChainOp::count));
+  const uint32_t divisor = 144;  // E_local at E = 288, R = 2
+  for (int rep = 0; rep < kRepeats; ++rep) {
+    op_latency_kernel<<<1, 32>>>(pick + rep, divisor, Divisor::of(divisor), op_cycles);
+    check(cudaDeviceSynchronize(), "op_latency_kernel");
+    for (int i = 0; i < int(ChainOp::count); ++i) per_op[i].push_back(op_cycles[i]);
+  }
+  std::printf(
+      "\nepx-start-probe: one warp, a chain of %d dependent steps per operation, cycles per step (median "
+      "of %d launches; each step also adds and XORs, the baseline's own cost)\n",
+      kChainOps, kRepeats);
+  for (int i = 0; i < int(ChainOp::count); ++i) {
+    std::sort(per_op[i].begin(), per_op[i].end());
+    std::printf("%-22s %7.1f\n", kChainOpNames[i], per_op[i][per_op[i].size() / 2]);
+  }
+  cudaFreeHost(op_cycles);
   cudaFree(words);
   cudaFree(sweep);
   cudaFree(sink);
