@@ -124,8 +124,7 @@ kl::LlView LlBuffer::Impl::make_view() const {
   v.hidden = options.hidden;
   v.max_topk = options.max_topk;
   v.num_experts = options.num_experts;
-  v.local_experts = options.num_experts / team.size();
-  v.by_local_experts = core::Divisor::of(uint32_t(v.local_experts));
+  v.by_local_experts = core::Divisor::of(uint32_t(options.num_experts / team.size()));
   v.by_max_tokens = core::Divisor::of(uint32_t(options.max_tokens_per_rank));
   v.combine_slots = areas.combine_slots;
   v.mask_on_timeout = options.mask_on_timeout;

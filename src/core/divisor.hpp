@@ -30,10 +30,17 @@ struct Divisor {
     return Divisor{d, uint32_t(m), p};
   }
 
+  struct Split {
+    uint32_t quotient, remainder;
+  };
+
   // n / d for 0 <= n < 2^31.
   constexpr uint32_t quotient(uint32_t n) const { return uint32_t((uint64_t(n) * multiplier) >> shift); }
-  // n % d for 0 <= n < 2^31.
-  constexpr uint32_t remainder(uint32_t n) const { return n - quotient(n) * d; }
+  // n / d and n % d for 0 <= n < 2^31.
+  constexpr Split split(uint32_t n) const {
+    const uint32_t q = quotient(n);
+    return Split{q, n - q * d};
+  }
 };
 
 }  // namespace epx::core

@@ -10,7 +10,7 @@ namespace {
 
 using epx::core::Divisor;
 
-// quotient and remainder against / and % for divisor d: every n near 0, near each multiple of d up to
+// quotient and split against / and % for divisor d: every n near 0, near each multiple of d up to
 // a bound, near 2^31, and random n below 2^31.
 void expect_exact(uint32_t d, std::mt19937& random) {
   const Divisor div = Divisor::of(d);
@@ -33,7 +33,9 @@ void expect_exact(uint32_t d, std::mt19937& random) {
   for (int i = 0; i < 2000; ++i) ns.push_back(any(random));
   for (const uint32_t n : ns) {
     ASSERT_EQ(div.quotient(n), n / d) << "n = " << n << ", d = " << d;
-    ASSERT_EQ(div.remainder(n), n % d) << "n = " << n << ", d = " << d;
+    const Divisor::Split split = div.split(n);
+    ASSERT_EQ(split.quotient, n / d) << "n = " << n << ", d = " << d;
+    ASSERT_EQ(split.remainder, n % d) << "n = " << n << ", d = " << d;
   }
 }
 

@@ -48,11 +48,12 @@ __device__ inline bool last_cta_done(uint32_t* blocks_done, uint32_t* work_claim
 }
 
 // Called by every thread of every CTA once its own accesses are issued (see last_cta_done, unordered:
-// what signal() writes is for later kernels only; a CTA that read those words consumed what it read
-// before it counted itself, so on the hardware its reads come before the last CTA's writes). The last CTA's thread 0
-// calls signal(), unless the team had failed when that thread read the failure word, before the count (a hint: a wait
-// that expires during the count is missed, so a caller that signals peers checks again before it stores to them, as
-// LL's signal_pending_freed does). Returns true on every thread of the last CTA when it signalled.
+// what signal() writes is for later kernels only; a CTA that read those words consumed what it read before
+// it counted itself, so on the hardware its reads come before the last CTA's writes). The last CTA's
+// thread 0 calls signal(), unless the team had failed when that thread read the failure word, before the
+// count (a hint: a wait that expires during the count is missed, so a caller that signals peers checks
+// again before it stores to them, as LL's signal_pending_freed does). Returns true on every thread of the
+// last CTA when it signalled.
 template <typename Signal>
 __device__ bool signal_when_last(const transport::TeamView& team, uint32_t* blocks_done, Signal signal) {
   __shared__ bool signalled;

@@ -202,10 +202,10 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
   SetFree free = load_set_free(v, core::kLlCombine, p.set);
   bool ok = true, sent = false;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
-    const int message = int(p.by_send_parts.quotient(uint32_t(item)));
-    const int home = int(v.by_max_tokens.quotient(uint32_t(message)));
+    const auto [message, part] = p.by_send_parts.split(uint32_t(item));
+    const int home = int(v.by_max_tokens.quotient(message));
     const int s = direct && home >= me ? home + 1 : home;
-    ok = send_message<kNaive>(p, cseq, s, message - home * v.max_tokens, item - message * parts, parts, free, sent);
+    ok = send_message<kNaive>(p, cseq, s, int(message) - home * v.max_tokens, int(part), parts, free, sent);
   }
   if (sent && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_sent>(v.team);
 }
@@ -327,12 +327,12 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask (protocol.cuh)
   for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
   __syncthreads();
-  const int per_row = row_items(p), items = receive_items(p), first = first_receive_item();
+  const int items = receive_items(p), first = first_receive_item();
   bool ok = true;
   for (int item = first; ok && item < items; item += gridDim.x * kWarps) {
     const uint4* own_ready = item == first && own_first != nullptr ? own_first[threadIdx.x] : nullptr;
-    const int t = int(p.by_row_items.quotient(uint32_t(item)));
-    ok = receive_item<kNaive>(p, masked, stamp, t, item - t * per_row, own_ready);
+    const auto [t, g] = p.by_row_items.split(uint32_t(item));
+    ok = receive_item<kNaive>(p, masked, stamp, int(t), int(g), own_ready);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
   last_cta_records_freed(v, v.blocks_done_of(core::kLlCombine), core::kLlCombine, p.set, cseq);
@@ -349,10 +349,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
   uint4(*own_first)[2] = reinterpret_cast<uint4(*)[2]>(early_own_shared);
   const bool early_own = !kNaive && own_rows_direct(p) && first_receive_item() < receive_items(p);  // early_own_rows
   if (early_own) {
-    const int item = first_receive_item(), t = int(p.by_row_items.quotient(uint32_t(item)));
+    const auto [t, g] = p.by_row_items.split(uint32_t(first_receive_item()));
     int col[2];
-    item_cols(p, item - t * row_items(p), col);
-    own_partial<kRowsInFlight>(p, t, col, own_first[threadIdx.x]);
+    item_cols(p, int(g), col);
+    own_partial<kRowsInFlight>(p, int(t), col, own_first[threadIdx.x]);
   }
   if (p.phases & kSend) send<kNaive>(p, cseq);
   if (p.phases & kReceive) receive<kNaive>(p, cseq, early_own ? own_first : nullptr);

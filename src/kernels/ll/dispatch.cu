@@ -457,8 +457,8 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   uint32_t weight = first < routing ? load_weight(p, first) : 0u;
   uint4 vectors[2] = {};
   if (first >= routing && first < work) {
-    const uint32_t t = p.by_row_items.quotient(uint32_t(first - routing));
-    load_item<kFp8>(p, stamp, int(t), first - routing - int(t) * per_row, vectors);
+    const auto [t, g] = p.by_row_items.split(uint32_t(first - routing));
+    load_item<kFp8>(p, stamp, int(t), int(g), vectors);
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_loaded>(v.team);
   }
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
@@ -490,9 +490,9 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
       ok = send_routing(p, experts, seq, i, weight, free);
       continue;
     }
-    const int t = int(p.by_row_items.quotient(uint32_t(i - routing))), g = i - routing - t * per_row;
-    if (i != first) load_item<kFp8>(p, stamp, t, g, vectors);
-    ok = send_item<kFp8>(p, experts, seq, t, g, vectors, free);
+    const auto [t, g] = p.by_row_items.split(uint32_t(i - routing));
+    if (i != first) load_item<kFp8>(p, stamp, int(t), int(g), vectors);
+    ok = send_item<kFp8>(p, experts, seq, int(t), int(g), vectors, free);
     sent_lines = ok;
   }
   if (sent_lines && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
@@ -741,9 +741,9 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
   const int messages = R * v.max_tokens, parts = int(p.by_receive_parts.d);
   const int warps = gridDim.x * kWarps;
   for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
-    const int message = int(p.by_receive_parts.quotient(uint32_t(item)));
-    const int s = int(v.by_max_tokens.quotient(uint32_t(message)));
-    ok = receive_message<kFp8>(p, masked, stamp, s, message - s * v.max_tokens, item - message * parts);
+    const auto [message, part] = p.by_receive_parts.split(uint32_t(item));
+    const int s = int(v.by_max_tokens.quotient(message));
+    ok = receive_message<kFp8>(p, masked, stamp, s, int(message) - s * v.max_tokens, int(part));
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_received>(v.team);
   }
   last_cta_records_freed(v, v.blocks_done_of(core::kLlDispatch), core::kLlDispatch, p.set, seq);
@@ -777,19 +777,19 @@ void load_dispatch_kernel() {
   load(reinterpret_cast<const void*>(dispatch_kernel<false>), "LL dispatch kernel (BF16)");
 }
 
-// The parts a received message is cut into: so that every warp of the grid has about one work item (at
-// most 8, and no more than the payload's line instructions).
-static int receive_parts(const DispatchParams& p, int num_blocks) {
+// The parts a received message of `lines` lines is cut into: so that every warp of the grid has about one
+// work item (at most 8, and no more than the payload's line instructions).
+static int receive_parts(const DispatchParams& p, int lines, int num_blocks) {
   const int messages = p.v.team.nranks * p.v.max_tokens;
-  const int lines = core::ll_row_lines(p.fp8 ? p.hidden : 2 * p.hidden);
   return std::max(1, std::min(std::min(num_blocks * kWarps / messages, 8), line_instructions(lines)));
 }
 
 void launch_dispatch(const DispatchParams& params, int num_blocks, cudaStream_t stream) {
   DispatchParams p = params;
   p.by_topk = core::Divisor::of(uint32_t(std::max(p.topk, 1)));
-  p.by_row_items = core::Divisor::of(uint32_t(line_items(core::ll_row_lines(p.fp8 ? p.hidden : 2 * p.hidden))));
-  p.by_receive_parts = core::Divisor::of(uint32_t(receive_parts(p, num_blocks)));
+  const int lines = core::ll_row_lines(p.fp8 ? p.hidden : 2 * p.hidden);  // as row_lines<kFp8> on the device
+  p.by_row_items = core::Divisor::of(uint32_t(line_items(lines)));
+  p.by_receive_parts = core::Divisor::of(uint32_t(receive_parts(p, lines, num_blocks)));
   const std::size_t shared = (p.phases & kSend) == 0 ? 0
                                                      : experts_table_bytes(p.num_tokens, p.topk) +
                                                            std::size_t(p.v.num_experts) * sizeof(int32_t);

@@ -26,12 +26,12 @@ struct LlView {
   uint64_t freed, manifests, expert_counts, headers, payloads, combine_rows;
   uint64_t blocks_done, pending_freed, message_slots, entry_rows, entry_weights, home, rank_mask;
   int32_t max_tokens, hidden, max_topk, num_experts, combine_slots;
-  int32_t local_experts;                          // num_experts / team.nranks
-  core::Divisor by_local_experts, by_max_tokens;  // an expert's rank; a message's source and token
-  bool mask_on_timeout;                           // LlBufferOptions::mask_on_timeout
+  core::Divisor by_local_experts;  // num_experts / team.nranks (its d): an expert's rank
+  core::Divisor by_max_tokens;     // max_tokens (its d): a message's source and token
+  bool mask_on_timeout;            // LlBufferOptions::mask_on_timeout
   LlHostReport* host_report;
 
-  __host__ __device__ int experts_per_rank() const { return local_experts; }
+  __host__ __device__ int experts_per_rank() const { return int(by_local_experts.d); }
   __host__ __device__ int64_t rows_per_expert() const { return int64_t(team.nranks) * max_tokens; }  // C
   // Message index of (set, source, token) in headers, payloads and entry_rows.
   __host__ __device__ int64_t message(int set, int src, int t) const {
