@@ -16,6 +16,13 @@
 
 namespace epx::bench {
 
+// The number of SMs of CUDA device `device`.
+inline int device_sm_count(int device) {
+  int sms = 0;
+  detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return sms;
+}
+
 struct CudaFree {
   void operator()(void* p) const { cudaFree(p); }
 };

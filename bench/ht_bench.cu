@@ -229,10 +229,7 @@ class HtBench {
   // the same order): sets num_sms, checks the outputs again, then times the tuned ops. Throws when a
   // setting's outputs differ on any rank.
   std::vector<Measured> tune() {
-    int sm_count = 0;
-    check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, team_.device()),
-               "cudaDeviceGetAttribute");
-    const std::vector<double> sm_counts = all_gather(team_, stream(), {double(sm_count)});
+    const std::vector<double> sm_counts = all_gather(team_, stream(), {double(device_sm_count(team_.device()))});
     const double fewest = *std::min_element(sm_counts.begin(), sm_counts.end());
     std::vector<Measured> rows;
     for (const int sms : kHtTuneSms) {

@@ -7,6 +7,7 @@
 #include "bench/team_sync.hpp"
 #include "bench/timing.hpp"
 #include "core/cuda_check.hpp"
+#include "kernels/ll/protocol.cuh"
 #include "transport/device/wait.cuh"
 #include "transport/team_impl.hpp"
 
@@ -67,19 +68,14 @@ __global__ void ping_pong(TeamView team, transport::SymmetricView flags, int ite
 
 // One thread times a chain of kLoadChain dependent loads of one 8-byte word (zero: each load's address adds
 // the previous value) for each memory in `where` and both kinds of load the LL kernels poll with: out[2 m]
-// ld.relaxed.sys, out[2 m + 1] ld.volatile, in ns per load. The first load of each chain pays for
-// whatever the word's line and page cost cold; the chain is long enough that this hardly shows.
+// a flag's (transport::load_relaxed_sys), out[2 m + 1] a stamped word's (kernels::ll::load_word, volatile),
+// in ns per load. The first load of each chain pays for whatever the word's line and page cost cold; the
+// chain is long enough that this hardly shows.
 constexpr int kLoadChain = 64;
 constexpr int kLoadMemories = 3;  // private device memory, this rank's symmetric memory, the next rank's
 
-__device__ __forceinline__ uint64_t load_as(const uint64_t* p, bool as_volatile) {
-  uint64_t v;
-  if (as_volatile) {
-    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  } else {
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  }
-  return v;
+__device__ __forceinline__ uint64_t load_as(const uint64_t* p, bool as_word) {
+  return as_word ? kernels::ll::load_word(p) : transport::load_relaxed_sys(p);
 }
 
 struct LoadTargets {
@@ -140,8 +136,7 @@ Limits measure_limits(Team& team) {
     const GraphExec exec = capture_graph(stream, [&](cudaStream_t s) {
       for (int i = 0; i < kernels; ++i) empty_kernel<<<c.sms, 512, 0, s>>>();
     });
-    const Timing t = time_on_stream(
-        stream, 5, 100, before, [&](cudaStream_t s) { check_cuda(cudaGraphLaunch(exec.get(), s), "cudaGraphLaunch"); });
+    const Timing t = time_on_stream(stream, 5, 100, before, [&](cudaStream_t s) { launch_graph(exec, s); });
     return t.median_us / kernels;
   };
   // Ten kernels in one graph: the floor under any kernel in a stream of them (each launch overlaps the

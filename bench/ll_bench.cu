@@ -99,7 +99,7 @@ class GraphPair {
     if ((warmup + replays) % 2 != 0) throw std::logic_error("LL bench: graph replays must come in pairs");
     bool second = false;
     return time_on_stream(stream, warmup, replays, before, [&](cudaStream_t s) {
-      check_cuda(cudaGraphLaunch((second ? b_ : a_).get(), s), "cudaGraphLaunch");
+      launch_graph(second ? b_ : a_, s);
       second = !second;
     });
   }
@@ -110,7 +110,7 @@ class GraphPair {
                        const std::function<void(cudaStream_t)>& before) const {
     if (replays % 2 != 0) throw std::logic_error("LL bench: graph replays must come in pairs");
     const Timing round = time_on_stream(stream, 0, rounds, before, [&](cudaStream_t s) {
-      for (int i = 0; i < replays; ++i) check_cuda(cudaGraphLaunch((i % 2 == 0 ? a_ : b_).get(), s), "cudaGraphLaunch");
+      for (int i = 0; i < replays; ++i) launch_graph(i % 2 == 0 ? a_ : b_, s);
     });
     return Timing{round.median_us / replays, round.min_us / replays, round.max_us / replays};
   }
@@ -248,12 +248,6 @@ void compare_recv(Checker& check, const std::string& what, const ref::LlRecv& go
 
 const char* name(LlCombineOrder order) { return order == LlCombineOrder::local ? "local" : "naive"; }
 
-int device_sm_count(int device) {
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return sms;
-}
-
 class LlBench {
  public:
   LlBench(Team& team, const LlBenchOptions& o)
@@ -369,11 +363,7 @@ class LlBench {
       out.push_back(Measured{op, dtype, order, RankTiming{t, 0, 0}, {}, {}});
     };
     fp8_.poison(stream());
-    const std::pair<Timing, Timing> dispatch = time_two_steps([&](cudaStream_t s) {
-      LlDispatchArgs a = dispatch_args(true);
-      a.send_only = true;
-      return buffer_.dispatch(a, Streams{s}).receive;
-    });
+    const std::pair<Timing, Timing> dispatch = time_two_steps([&](cudaStream_t s) { return dispatch_sends(s); });
     add("dispatch_send", "fp8", "", dispatch.first);
     add("dispatch_receive", "fp8", "", dispatch.second);
     finish();
@@ -409,9 +399,7 @@ class LlBench {
     print_phase_trace(
         team_, stream(), "ll_dispatch_fp8_receive_step", transport::TracePoint::ll_dispatch_start,
         [&] {
-          LlDispatchArgs a = dispatch_args(true);
-          a.send_only = true;
-          receive = buffer_.dispatch(a, Streams{stream()}).receive;
+          receive = dispatch_sends(stream());
           enqueue_team_barrier(team_, stream());
           team_.impl().reset_trace(stream());
         },
@@ -478,6 +466,12 @@ class LlBench {
     return a;
   }
 
+  // Dispatch FP8 with send_only on `s`: its sends now; returns its receive step.
+  std::function<void()> dispatch_sends(cudaStream_t s) {
+    LlDispatchArgs a = dispatch_args(true);
+    a.send_only = true;
+    return buffer_.dispatch(a, Streams{s}).receive;
+  }
   std::function<void(cudaStream_t)> dispatch_call(bool fp8) {
     return [this, fp8](cudaStream_t s) { buffer_.dispatch(dispatch_args(fp8), Streams{s}); };
   }
@@ -506,31 +500,28 @@ class LlBench {
       sends[i] = capture_graph(stream(), [&](cudaStream_t s) { receive = send_only(s); });
       receives[i] = capture_graph(stream(), [&](cudaStream_t) { receive(); });
     }
-    const auto launch = [](const GraphExec& g, cudaStream_t s) {
-      check_cuda(cudaGraphLaunch(g.get(), s), "cudaGraphLaunch");
-    };
     int next = 0;          // the set whose send step comes next
     bool pending = false;  // the other set's receive step is still to run
     const Timing send = time_on_stream(
         stream(), o_.warmup, o_.replays,
         [&](cudaStream_t s) {
-          if (pending) launch(receives[1 - next], s);
+          if (pending) launch_graph(receives[1 - next], s);
           barrier(s);
         },
         [&](cudaStream_t s) {
-          launch(sends[next], s);
+          launch_graph(sends[next], s);
           pending = true;
           next = 1 - next;
         });
-    launch(receives[1 - next], stream());
+    launch_graph(receives[1 - next], stream());
     const Timing receive = time_on_stream(
         stream(), o_.warmup, o_.replays,
         [&](cudaStream_t s) {
-          launch(sends[next], s);
+          launch_graph(sends[next], s);
           barrier(s);
         },
         [&](cudaStream_t s) {
-          launch(receives[next], s);
+          launch_graph(receives[next], s);
           next = 1 - next;
         });
     return {send, receive};

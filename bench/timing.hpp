@@ -57,6 +57,11 @@ struct GraphExecDestroy {
 };
 using GraphExec = std::unique_ptr<CUgraphExec_st, GraphExecDestroy>;
 
+// One replay of `graph` on `stream`.
+inline void launch_graph(const GraphExec& graph, cudaStream_t stream) {
+  detail::check_cuda(cudaGraphLaunch(graph.get(), stream), "cudaGraphLaunch");
+}
+
 // `calls(stream)` captured on `stream` into an instantiated graph (nothing left behind if it throws).
 inline GraphExec capture_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& calls) {
   using detail::check_cuda;
