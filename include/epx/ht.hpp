@@ -51,7 +51,7 @@ struct HtBufferOptions {
 
 // Kernel configuration. Defaults per rank count come from the bench (bench/results/).
 struct HtConfig {
-  int num_sms = 16;  // CTAs of the send kernels; fewer leave more SMs to overlapping compute
+  int num_sms = 16;  // CTAs of the send kernels, at most the GPU's SMs; fewer leave more SMs to overlapping compute
 };
 EPX_API HtConfig default_ht_config(int num_ranks);
 

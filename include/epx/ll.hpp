@@ -83,7 +83,7 @@ struct LlBufferOptions {
 // Kernel configuration. num_sms = 0 means "the default for this GPU and team"; config() returns what
 // it became.
 struct LlConfig {
-  int num_sms = 0;  // CTAs of every LL kernel
+  int num_sms = 0;  // CTAs of every LL kernel: at most the GPU's SMs (on a single-GPU team, every rank's together)
 };
 // The default: every SM of the GPU (a team of one GPU per rank), or an equal share of them (a
 // single-GPU team, whose ranks' CTAs must all be resident at once).

@@ -62,6 +62,10 @@ void check_num_sms(const char* what, int num_sms, int num_ranks, bool single_gpu
               std::string(what) + " = " + std::to_string(num_sms) + " on a single-GPU team of " +
                   std::to_string(num_ranks) + " ranks needs " + std::to_string(num_sms * num_ranks) +
                   " resident CTAs; this GPU has " + std::to_string(sm_count) + " SMs");
+  EPX_REQUIRE(num_sms <= sm_count, std::string(what) + " = " + std::to_string(num_sms) +
+                                       " needs that many CTAs resident at once (the CTAs of a call wait for each "
+                                       "other's work); this GPU has " +
+                                       std::to_string(sm_count) + " SMs, one CTA each");
 }
 
 }  // namespace epx::core

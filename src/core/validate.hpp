@@ -30,8 +30,10 @@ std::string shape_string(const TensorRef& t);
 inline constexpr int kMaxCtas = 1024;
 
 // A config's CTA count (`what`: "HtConfig::num_sms" or "LlConfig::num_sms", 1 to kMaxCtas) on a team of `num_ranks`
-// whose GPU has `sm_count` SMs. On one GPU (`single_gpu`) the ranks' CTAs wait for each other, so all of
-// them must be resident at once.
+// whose GPU has `sm_count` SMs. A call's CTAs wait for each other's work (and for its peers' CTAs, which
+// wait for theirs), so all of them must be resident at once, counted one per SM: at most sm_count CTAs, and on
+// one GPU (`single_gpu`) every rank's together. A grid larger than that would wait until its bounded
+// waits expire.
 void check_num_sms(const char* what, int num_sms, int num_ranks, bool single_gpu, int sm_count);
 
 }  // namespace epx::core

@@ -80,6 +80,29 @@ TEST(CheckTensor, OptionalMeansAbsentOrValid) {
                Error);
 }
 
+// check_num_sms's refusal (empty if it accepts), for a GPU of 132 SMs.
+std::string num_sms_refusal(int num_sms, int num_ranks, bool single_gpu) {
+  try {
+    check_num_sms("LlConfig::num_sms", num_sms, num_ranks, single_gpu, 132);
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::invalid_argument);
+    return error.what();
+  }
+  return "";
+}
+
+TEST(CheckNumSms, EveryCtaOfACallMustBeResident) {
+  EXPECT_EQ(num_sms_refusal(132, 8, false), "");  // a GPU per rank: every SM
+  EXPECT_EQ(num_sms_refusal(1, 2, false), "");
+  EXPECT_EQ(num_sms_refusal(66, 2, true), "");  // one GPU: every rank's CTAs together
+  EXPECT_NE(num_sms_refusal(67, 2, true).find("needs 134 resident CTAs; this GPU has 132 SMs"), std::string::npos);
+  // More CTAs than SMs would wait for each other until the bounded waits expire.
+  EXPECT_NE(num_sms_refusal(133, 2, false).find("LlConfig::num_sms = 133 needs that many CTAs resident at once"),
+            std::string::npos);
+  EXPECT_NE(num_sms_refusal(0, 2, false).find("must be in [1, 1024], got 0"), std::string::npos);
+  EXPECT_NE(num_sms_refusal(1025, 2, false).find("must be in [1, 1024], got 1025"), std::string::npos);
+}
+
 TEST(HtAreas, EveryAreaIsAlignedDisjointAndLargeEnough) {
   const HtBufferOptions o{4096, 7168, 8, 256};
   for (int R : {1, 2, 8, 72}) EXPECT_EQ(test::broken_ht_areas_invariant(ht_areas(o, R), o, R), "") << "R = " << R;
