@@ -65,9 +65,9 @@ Team::Impl::~Impl() {
 
 void Team::Impl::reset_trace(cudaStream_t stream) {
   EPX_REQUIRE(trace != nullptr, "the phase trace needs a build with -DEPX_PHASE_TRACE=ON");
-  std::vector<uint64_t> words(transport::kTraceWords);
-  for (std::size_t i = 0; i < words.size(); ++i) {
-    words[i] = transport::trace_keeps_earliest(transport::TracePoint(i % transport::kTracePoints)) ? UINT64_MAX : 0;
+  std::vector<uint64_t> words(transport::kTraceWords, 0);  // the warps' rows: nothing reached
+  for (int p = 0; p < transport::kTracePoints; ++p) {      // the team's words: see phase_trace.hpp
+    words[std::size_t(p)] = transport::trace_keeps_earliest(transport::TracePoint(p)) ? UINT64_MAX : 0;
   }
   check_cuda(cudaMemcpyAsync(trace, words.data(), sizeof(uint64_t) * words.size(), cudaMemcpyHostToDevice, stream),
              "cudaMemcpyAsync(phase trace reset)");

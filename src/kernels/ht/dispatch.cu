@@ -118,8 +118,8 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) dispatch_kernel(DispatchArgs
   uint8_t* stages = stage_memory + std::size_t(warp) * kStages * row_bytes;
   int32_t* rows = rows_of[warp];
   uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kDispatchDone;
+  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ht_dispatch_start>(b.team);
   if (threadIdx.x == 0) {
-    transport::trace<transport::TracePoint::ht_dispatch_start>(b.team);
     seq = *sequence + 1;
     go = false;
   }

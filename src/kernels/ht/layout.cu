@@ -74,8 +74,8 @@ __global__ void __launch_bounds__(kThreads) layout_kernel(LayoutArgs a) {
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   LayoutState* state = a.scratch.state;
   allow_dependent_launch();  // the dispatch kernel after it may start now (see launch_dispatch)
+  if (lane == 0) transport::trace<transport::TracePoint::ht_layout_start>(a.scratch.team);
   if (threadIdx.x == 0) {
-    transport::trace<transport::TracePoint::ht_layout_start>(a.scratch.team);
     call_of_cta = transport::load_relaxed_sys(&state->calls) + 1;  // in flight with the ticket (see above)
     tile_of_cta = uint32_t(atomicAdd(&state->tiles_taken, 1ull));
   }

@@ -178,6 +178,7 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
       continue;
     }
     reduce_slots<kRowsInFlight>(p, m, col, data);
+    if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_reduced>(v.team);
     store_item(p, v.combine_row(s, p.set, me, t), stamp, g, col, data);
   }
   return true;
@@ -341,7 +342,7 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own
 // kNaive: p.naive, a kernel of its own for each order.
 template <bool kNaive>
 __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
-  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_start>(p.v.team);
+  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_start>(p.v.team);
   // Not the last CTA (unless it is the only one): it takes the first receive items (first_receive_item).
   if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlCombine);
   const uint64_t cseq = call_sequence(p.v, core::kLlCombine, p.set);
@@ -353,6 +354,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
     int col[2];
     item_cols(p, int(g), col);
     own_partial<kRowsInFlight>(p, int(t), col, own_first[threadIdx.x]);
+    if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_own>(p.v.team);
   }
   if (p.phases & kSend) send<kNaive>(p, cseq);
   if (p.phases & kReceive) receive<kNaive>(p, cseq, early_own ? own_first : nullptr);

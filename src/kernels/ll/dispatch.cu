@@ -753,7 +753,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
 // took ~0.5 us longer once the FP8 receive got cheaper, from the code the compiler made for the pair).
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
-  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_start>(p.v.team);
+  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_start>(p.v.team);
   // Not the last CTA (unless it is the only one): it sends the counts, which every receive waits for.
   if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlDispatch);
   const uint64_t seq = call_sequence(p.v, core::kLlDispatch, p.set);

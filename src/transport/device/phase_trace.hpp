@@ -1,20 +1,20 @@
 // Phase trace, for profiling only (cmake -DEPX_PHASE_TRACE=ON; epx-bench --trace prints it). Kernels
-// stamp %globaltimer at the numbered points below into their team's trace words (TeamView::trace): a
-// point keeps the earliest stamp of the threads that reach it when it is a start, else the latest.
-// The host resets the words before a call and reads them after it (Team::Impl::reset_trace and
-// read_trace). Each stamp also goes to its warp's own row of words (the warp's index in the grid, below
-// kTraceWarps), which keeps that warp's earliest or latest stamp of the point the same way, so that the
-// report can say how the warps spread, not only which was last. Without the option there are no words
-// and a stamp compiles to nothing. %globaltimer advances in steps of about 0.26 us on H200 (the committed
-// traces): closer points do not separate.
+// stamp the numbered points below into their team's trace words (TeamView::trace), one thread per stamp
+// (a warp's lane 0, or a CTA's thread 0). Each stamp goes to its warp's own row (the warp's index in the
+// grid, below kTraceWarps) as two plain stores, no atomics: the SM's clock64 and %globaltimer. Every
+// warp stamps the start point of its kernel, so the report places each of its later stamps at the
+// start's %globaltimer plus the clock cycles since the start: exact within a warp, and within
+// %globaltimer's step (32 ns on H200) across warps. A point keeps the warp's latest stamp (a start: its
+// only one). Warps past kTraceWarps stamp the team's words instead (%globaltimer, by atomics): the
+// earliest stamp of a start, the latest of any other point. The host resets the words before a call and
+// reads them after it (Team::Impl::reset_trace and read_trace). Without the option there are no words
+// and a stamp compiles to nothing. (Traces committed before session 22 of 2026-11-23 show steps of
+// 0.256 us: the report then converted ns since 1970, ~2^60, to double, which keeps 53 bits.)
 #pragma once
 
 #include <cstdint>
 
 #include "transport/device/team_view.hpp"
-#ifdef __CUDACC__
-#include "transport/device/flags.cuh"
-#endif
 
 namespace epx::transport {
 
@@ -49,20 +49,21 @@ enum class TracePoint : int {
   ll_dispatch_outputs,      // the last CTA has written the per-expert outputs
   ll_dispatch_end,          // every CTA is done (the last one after recording the call as freed)
   ll_combine_start,         // LL combine (a launch with the sends, the receive step or both): its first CTA has started
+  ll_combine_own,           // every warp that reduces its first receive item's own rows early has them (early_own_rows)
   ll_combine_free,          // every warp with a message to send has seen the set freed by every peer (its first check)
+  ll_combine_reduced,       // every send item has its y rows loaded and reduced (local order), before its stores
   ll_combine_sent,          // every warp with a send item has issued its stores
   ll_combine_received,      // every warp has written its output columns (its rows' lines all came)
   ll_combine_end,           // every CTA is done (the last one after recording the call as freed)
   count
 };
 inline constexpr int kTracePoints = int(TracePoint::count);
-// The trace words: kTracePoints for the team, then a row of kTracePoints per warp of the grid (warps
-// past kTraceWarps stamp only the team's: with more than 256 CTAs of 16 warps the report's percentiles
-// cover the first 4096 warps).
+// The trace words: kTracePoints for the team (warps past kTraceWarps), then a row per warp of the grid
+// with two words per point, its clock64 and its %globaltimer (0: not reached).
 inline constexpr int kTraceWarps = 4096;
-inline constexpr int kTraceWords = kTracePoints * (1 + kTraceWarps);
-// Warp w's word of point p (w < kTraceWarps); the team's is word p.
-inline constexpr int trace_warp_word(int w, int p) { return kTracePoints * (1 + w) + p; }
+inline constexpr int kTraceWords = kTracePoints * (1 + 2 * kTraceWarps);
+// Warp w's clock64 word of point p (w < kTraceWarps), its %globaltimer word the next; the team's is word p.
+inline constexpr int trace_warp_word(int w, int p) { return kTracePoints + 2 * (kTracePoints * w + p); }
 // Each point's name (what epx-bench --trace prints) and whether it keeps the earliest stamp (a kernel's
 // start) rather than the latest.
 struct TracePointInfo {
@@ -100,7 +101,9 @@ inline constexpr TracePointInfo kTracePointInfo[] = {
     {"ll_outputs", false},
     {"ll_end", false},
     {"llc_start", true},
+    {"llc_own", false},
     {"llc_free", false},
+    {"llc_reduced", false},
     {"llc_sent", false},
     {"llc_received", false},
     {"llc_end", false},
@@ -109,22 +112,26 @@ static_assert(sizeof(kTracePointInfo) / sizeof(kTracePointInfo[0]) == kTracePoin
 inline constexpr bool trace_keeps_earliest(TracePoint p) { return kTracePointInfo[int(p)].keeps_earliest; }
 
 #ifdef __CUDACC__
-// Called by one thread per stamp (a CTA's thread 0, or a warp's lane 0). The point is a template
+// Called by one thread per stamp (a warp's lane 0, or a CTA's thread 0). The point is a template
 // argument so that which stamp it keeps is decided at compile time: device code cannot read the host
 // table kTracePointInfo at run time.
 template <TracePoint kPoint>
 __device__ __forceinline__ void trace(const TeamView& team) {
 #ifdef EPX_PHASE_TRACE
-  const uint64_t now = global_timer_ns();
+  // Both reads after every earlier memory access of this thread in program order (clock64() alone
+  // may be scheduled before the instruction that a point means to follow).
+  uint64_t clock, now;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(clock) : : "memory");
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now) : : "memory");
   const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
-  auto* team_word = reinterpret_cast<unsigned long long*>(team.trace) + int(kPoint);
-  auto* warp_word = reinterpret_cast<unsigned long long*>(team.trace) + trace_warp_word(int(warp), int(kPoint));
-  if constexpr (trace_keeps_earliest(kPoint)) {
-    atomicMin(team_word, now);
-    if (warp < kTraceWarps) atomicMin(warp_word, now);
+  auto* words = reinterpret_cast<unsigned long long*>(team.trace);
+  if (warp < kTraceWarps) {  // the warp's own row: this thread is its only writer
+    words[trace_warp_word(int(warp), int(kPoint))] = clock;
+    words[trace_warp_word(int(warp), int(kPoint)) + 1] = now;
+  } else if constexpr (trace_keeps_earliest(kPoint)) {
+    atomicMin(words + int(kPoint), now);
   } else {
-    atomicMax(team_word, now);
-    if (warp < kTraceWarps) atomicMax(warp_word, now);
+    atomicMax(words + int(kPoint), now);
   }
 #else
   (void)team;
