@@ -11,7 +11,10 @@
 // Conditions, each launch timed on its own: the probe again right after itself (its code and pages
 // used just before), after other_code_kernel (the whole of another ~105 KB of code), and after a
 // kernel that touches one word in every 2 MiB page of 4 GiB (translations of other pages). Then the
-// latency of the operations the LL kernels chain on a warp's path (op_latency_kernel). Not part of the
+// latency of the operations the LL kernels chain on a warp's path (op_latency_kernel); what a launch of
+// the LL grid costs beyond an empty kernel's for what the LL kernels have and an empty one has not
+// (launch_cost_rows): dynamic shared memory, a preferred carveout, a large parameter block read in a
+// chain; and every warp's first load in a grid of the LL grid's size (first_load_rows). Not part of the
 // library.
 #include <cuda_runtime.h>
 
@@ -19,9 +22,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <vector>
 
 #include "bench/other_code.cuh"
+#include "bench/timing.hpp"
 #include "core/divisor.hpp"
 
 namespace {
@@ -47,11 +52,18 @@ __device__ __forceinline__ uint32_t load_relaxed(const uint32_t* p) {
   return v;
 }
 
-// The clock after `v` has arrived: v goes through shared memory first, so the read waits for it.
+// The clock, read after every earlier memory access of this thread in program order (clock64() alone may
+// be scheduled before an access it is meant to follow).
+__device__ __forceinline__ long long clock_now() {
+  long long t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t) : : "memory");
+  return t;
+}
+
+// The clock after `v` has arrived: v goes to shared memory first, so the read waits for it.
 __device__ __forceinline__ long long clock_after(uint32_t v, uint32_t* sink) {
-  *sink = v;
-  __syncwarp();
-  return clock64();
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(uint32_t(__cvta_generic_to_shared(sink))), "r"(v) : "memory");
+  return clock_now();
 }
 
 // `words`: kFarBytes + a page; word 0 is the first load, word 32 the second, the page at kFarBytes the far one
@@ -63,7 +75,7 @@ __global__ void probe_kernel(const uint32_t* words, std::size_t far_word, uint32
   long long t[kPoints];
   uint64_t ns_start, ns_end;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns_start));
-  t[0] = clock64();
+  t[0] = clock_now();
   const uint32_t a = load_relaxed(words);
   t[1] = clock_after(a, sink + threadIdx.x);
   const uint32_t b = load_relaxed(words + 32);
@@ -161,6 +173,150 @@ __global__ void op_latency_kernel(uint32_t seed, uint32_t d, Divisor by_d, doubl
   }
 }
 
+// ---- First loads of a grid: every warp's first load, the LL grid's size ----
+// Lane 0 of every warp loads one word, from page (warp % pages) of `words` (a line of its own in it), and
+// records the cycles until it has the value: whether the first loads of many SMs at once, over several
+// pages, wait for each other (address translation) where one warp's does not.
+// `hot`: 0, or first every warp loads one word all warps load (1: through L1, ld.ca; 2: ld.relaxed.sys)
+// and the timed load starts right after it is issued (as a kernel's first loads follow its flag loads).
+__global__ void __launch_bounds__(512)
+    first_loads_kernel(const uint32_t* words, int pages, int hot, long long* cycles) {
+  __shared__ uint32_t sink[32];
+  const int warp = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
+  if (threadIdx.x % 32 != 0) return;
+  const uint32_t* p = words + std::size_t(warp % pages) * (kPageBytes / 4) + std::size_t(warp / pages % 1024) * 32 + 8;
+  asm volatile("" ::"l"(p));  // the address (from the parameters) is worked out before the clock starts
+  if (hot == 1) asm volatile("{\n .reg .u32 h;\n ld.global.ca.u32 h, [%0];\n}" ::"l"(words) : "memory");
+  if (hot == 2) load_relaxed(words);
+  const long long start = clock_now();
+  const uint32_t v = load_relaxed(p);
+  cycles[warp] = clock_after(v, sink + threadIdx.x / 32) - start;
+}
+
+void first_load_rows(int sms, uint32_t* words, uint32_t* sweep, int clock_khz) {
+  struct Shape {
+    int ctas, pages, hot;
+  };
+  const Shape shapes[] = {{1, 1, 0}, {sms, 1, 0}, {sms, 8, 0}, {sms, 32, 0}, {sms, 128, 0}, {sms, 8, 1}, {sms, 8, 2}};
+  long long* cycles = nullptr;
+  check(cudaMallocHost(&cycles, sizeof(long long) * sms * 16), "cudaMallocHost");
+  constexpr int kRepeats = 11;
+  std::printf(
+      "\nepx-start-probe: every warp's first load (lane 0, one word of page warp %% pages); median over %d "
+      "launches of the warps' median and maximum, us\n%-34s | %-22s | %-22s\n",
+      kRepeats, "CTAs x 512 threads, pages", "after itself", "after a page sweep");
+  for (const Shape& shape : shapes) {
+    const int warps = shape.ctas * 16;
+    std::vector<double> med[2], top[2];
+    for (int rep = 0; rep < kRepeats + 1; ++rep) {
+      for (int condition = 0; condition < 2; ++condition) {
+        if (condition == 1) sweep_kernel<<<132, 256>>>(sweep, kSweepBytes);
+        first_loads_kernel<<<shape.ctas, 512>>>(words, shape.pages, shape.hot, cycles);
+        check(cudaDeviceSynchronize(), "first_loads_kernel");
+        if (rep == 0) continue;  // warm-up
+        std::vector<double> us(cycles, cycles + warps);
+        for (double& u : us) u /= clock_khz / 1e3;
+        std::sort(us.begin(), us.end());
+        med[condition].push_back(us[us.size() / 2]);
+        top[condition].push_back(us.back());
+      }
+    }
+    char name[48];
+    std::snprintf(name, sizeof name, "%d x 512, %d%s", shape.ctas, shape.pages,
+                  shape.hot == 1   ? ", hot ld.ca"
+                  : shape.hot == 2 ? ", hot relaxed.sys"
+                                   : "");
+    std::printf("%-34s", name);
+    for (int condition = 0; condition < 2; ++condition) {
+      std::sort(med[condition].begin(), med[condition].end());
+      std::sort(top[condition].begin(), top[condition].end());
+      std::printf(" | med %6.3f max %6.3f", med[condition][kRepeats / 2], top[condition][kRepeats / 2]);
+    }
+    std::printf("\n");
+  }
+  cudaFreeHost(cycles);
+}
+
+// ---- Launch costs: one kernel of the LL grid per graph, events around the launch ----
+// Each kernel does nothing but what its row names; `before` (a one-warp kernel with no shared memory,
+// as the bench's team barrier) runs untimed ahead of every launch, or the kernel itself does.
+
+__global__ void tiny_kernel() {}
+
+// kId: a function of its own per row, so that each row's attributes (carveout) are its own.
+template <int kId>
+__global__ void __launch_bounds__(512) empty_grid_kernel() {}
+
+// A parameter block the size of the LL kernels' (~1.5 KB), read by every warp's lane 0 as a chain of
+// kParamHops dependent loads, each index the word before it holds: i + 16 (a new 64-byte line every hop)
+// or 0 (one line).
+constexpr int kParamWords = 384, kParamHops = 8;
+struct BigParams {
+  uint32_t w[kParamWords];
+};
+__global__ void __launch_bounds__(512) param_chain_kernel(const __grid_constant__ BigParams p, uint32_t* sink) {
+  if (threadIdx.x % 32 != 0) return;
+  uint32_t i = 0;
+#pragma unroll
+  for (int h = 0; h < kParamHops; ++h) i = p.w[i % kParamWords];
+  if (i == 0xFFFFFFFFu) *sink = i;  // never: keeps the chain
+}
+
+struct LaunchRow {
+  const char* name;
+  std::function<void(cudaStream_t)> launch;
+};
+
+// The median us of one launch of `launch` captured alone in a graph, after before(stream).
+double graph_launch_us(const std::function<void(cudaStream_t)>& launch, const std::function<void(cudaStream_t)>& before,
+                       int repetitions) {
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  const GraphExec exec = capture_graph(stream, launch);
+  const Timing t = time_on_stream(stream, 5, repetitions, before, [&](cudaStream_t s) { launch_graph(exec, s); });
+  cudaStreamDestroy(stream);
+  return t.median_us;
+}
+
+void launch_cost_rows(int sms, uint32_t* sink) {
+  constexpr int kSmall = 3 << 10, kLarge = 16 << 10;
+  const auto allow = [](const void* f, int bytes, int carveout) {
+    check(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "cudaFuncSetAttribute");
+    if (carveout >= 0) {
+      check(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, carveout), "cudaFuncSetAttribute");
+    }
+  };
+  allow(reinterpret_cast<const void*>(empty_grid_kernel<1>), kSmall, -1);
+  allow(reinterpret_cast<const void*>(empty_grid_kernel<2>), kLarge, -1);
+  allow(reinterpret_cast<const void*>(empty_grid_kernel<3>), kLarge, cudaSharedmemCarveoutMaxShared);
+  allow(reinterpret_cast<const void*>(empty_grid_kernel<4>), kLarge, cudaSharedmemCarveoutMaxL1);
+  BigParams crossing{}, same_line{};
+  for (int i = 0; i < kParamWords; ++i) {
+    crossing.w[i] = uint32_t(i + 16);
+    same_line.w[i] = 0;
+  }
+  const LaunchRow rows[] = {
+      {"empty", [&](cudaStream_t s) { empty_grid_kernel<0><<<sms, 512, 0, s>>>(); }},
+      {"3 KB dynamic shared", [&](cudaStream_t s) { empty_grid_kernel<1><<<sms, 512, kSmall, s>>>(); }},
+      {"16 KB dynamic shared", [&](cudaStream_t s) { empty_grid_kernel<2><<<sms, 512, kLarge, s>>>(); }},
+      {"16 KB, carveout max shared", [&](cudaStream_t s) { empty_grid_kernel<3><<<sms, 512, kLarge, s>>>(); }},
+      {"16 KB, carveout max L1", [&](cudaStream_t s) { empty_grid_kernel<4><<<sms, 512, kLarge, s>>>(); }},
+      {"params: 8 hops, one line", [&](cudaStream_t s) { param_chain_kernel<<<sms, 512, 0, s>>>(same_line, sink); }},
+      {"params: 8 hops, 8 lines", [&](cudaStream_t s) { param_chain_kernel<<<sms, 512, 0, s>>>(crossing, sink); }},
+  };
+  constexpr int kRepetitions = 200;
+  const auto after_tiny = [](cudaStream_t s) { tiny_kernel<<<1, 32, 0, s>>>(); };
+  std::printf(
+      "\nepx-start-probe: one kernel of %d CTAs of 512 threads per graph, events around the launch; median us "
+      "of %d launches\n%-28s | %-18s | %-18s\n",
+      sms, kRepetitions, "kernel", "after a tiny kernel", "after itself");
+  for (const LaunchRow& r : rows) {
+    const double tiny = graph_launch_us(r.launch, after_tiny, kRepetitions);
+    const double itself = graph_launch_us(r.launch, r.launch, kRepetitions);
+    std::printf("%-28s | %18.3f | %18.3f\n", r.name, tiny, itself);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -236,6 +392,10 @@ int main() {
     std::printf("%-22s %7.1f\n", kChainOpNames[i], per_op[i][per_op[i].size() / 2]);
   }
   cudaFreeHost(op_cycles);
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  launch_cost_rows(sms, sink);
+  first_load_rows(sms, words, sweep, clock_khz);
   cudaFree(words);
   cudaFree(sweep);
   cudaFree(sink);
