@@ -14,8 +14,8 @@
 // latency of the operations the LL kernels chain on a warp's path (op_latency_kernel); what a launch of
 // the LL grid costs beyond an empty kernel's for what the LL kernels have and an empty one has not
 // (launch_cost_rows): dynamic shared memory, a preferred carveout, a large parameter block read in a
-// chain; and every warp's first load in a grid of the LL grid's size (first_load_rows). Not part of the
-// library.
+// chain; every warp's first load in a grid of the LL grid's size (first_load_rows); and a combine
+// item's work per warp on one SM or spread over many (item_work_rows). Not part of the library.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -237,6 +237,78 @@ void first_load_rows(int sms, uint32_t* words, uint32_t* sweep, int clock_khz) {
   cudaFreeHost(cycles);
 }
 
+// ---- Warps per SM: the LL kernels' per-item work, on one SM or spread ----
+// Each active warp does what a combine item does with its rows: loads 4 KB (4 rows x 2 vectors per lane,
+// 16 bytes each, its own part of `data`, which the launch before it read too), adds them up with FMAs
+// into 16 floats a lane, and records the cycles from its start until the sums are done. The same work per
+// warp on 16 warps of one CTA (one SM), on one warp of each of 16 CTAs, and on every warp of the LL grid.
+__global__ void __launch_bounds__(512)
+    item_work_kernel(const uint4* data, int warps_per_cta, long long* cycles, uint4* out) {
+  __shared__ uint32_t sink[16];
+  const int w = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  if (w >= warps_per_cta) return;
+  const int item = int(blockIdx.x) * warps_per_cta + w;
+  const uint4* part = data + std::size_t(item) * 256;
+  const long long start = clock_now();
+  uint4 in[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) in[k] = part[k * 32 + lane];
+  float acc[16] = {};
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t words[4] = {in[k].x, in[k].y, in[k].z, in[k].w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t w16 = words[i / 2];
+      const float f = __uint_as_float(i % 2 == 0 ? w16 << 16 : w16 & 0xFFFF0000u);
+      acc[(k % 2) * 8 + i] = __fmaf_rn(0.5f, f, acc[(k % 2) * 8 + i]);
+    }
+  }
+  uint32_t x = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) x ^= __float_as_uint(acc[i]);
+  cycles[item] = clock_after(x, sink + w) - start;
+  out[std::size_t(item) * 32 + lane] = make_uint4(x, 0u, 0u, 0u);
+}
+
+void item_work_rows(int sms, uint32_t* words, int clock_khz) {
+  struct Shape {
+    const char* name;
+    int ctas, warps_per_cta;
+  };
+  const Shape shapes[] = {
+      {"16 warps of one CTA", 1, 16}, {"one warp of each of 16 CTAs", 16, 1}, {"16 warps of every CTA", sms, 16}};
+  const int most = sms * 16;
+  long long* cycles = nullptr;
+  uint4* out = nullptr;
+  check(cudaMallocHost(&cycles, sizeof(long long) * most), "cudaMallocHost");
+  check(cudaMalloc(&out, sizeof(uint4) * 32 * most), "cudaMalloc");
+  constexpr int kRepeats = 11;
+  std::printf(
+      "\nepx-start-probe: a combine item's work per warp (4 KB of loads, 128 FMAs a lane); median over %d "
+      "launches of the warps' median and maximum, us\n",
+      kRepeats);
+  for (const Shape& shape : shapes) {
+    const int warps = shape.ctas * shape.warps_per_cta;
+    std::vector<double> med, top;
+    for (int rep = 0; rep < kRepeats + 1; ++rep) {
+      item_work_kernel<<<shape.ctas, 512>>>(reinterpret_cast<const uint4*>(words), shape.warps_per_cta, cycles, out);
+      check(cudaDeviceSynchronize(), "item_work_kernel");
+      if (rep == 0) continue;  // warm-up: the data is in L2 from here on
+      std::vector<double> us(cycles, cycles + warps);
+      for (double& u : us) u /= clock_khz / 1e3;
+      std::sort(us.begin(), us.end());
+      med.push_back(us[us.size() / 2]);
+      top.push_back(us.back());
+    }
+    std::sort(med.begin(), med.end());
+    std::sort(top.begin(), top.end());
+    std::printf("%-30s med %6.3f max %6.3f\n", shape.name, med[kRepeats / 2], top[kRepeats / 2]);
+  }
+  cudaFree(out);
+  cudaFreeHost(cycles);
+}
+
 // ---- Launch costs: one kernel of the LL grid per graph, events around the launch ----
 // Each kernel does nothing but what its row names; `before` (a one-warp kernel with no shared memory,
 // as the bench's team barrier) runs untimed ahead of every launch, or the kernel itself does.
@@ -396,6 +468,7 @@ int main() {
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   launch_cost_rows(sms, sink);
   first_load_rows(sms, words, sweep, clock_khz);
+  item_work_rows(sms, words, clock_khz);
   cudaFree(words);
   cudaFree(sweep);
   cudaFree(sink);
