@@ -21,10 +21,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
+#include <exception>
 #include <functional>
 #include <vector>
 
+#include "bench/device_data.hpp"
 #include "bench/other_code.cuh"
 #include "bench/timing.hpp"
 #include "core/divisor.hpp"
@@ -39,12 +40,7 @@ constexpr std::size_t kFarBytes = std::size_t(1) << 30;
 constexpr std::size_t kSweepBytes = std::size_t(4) << 30;
 constexpr int kPoints = 6;  // clock64 at: start, first load back, second, far, pass 1 done, pass 2 done
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "epx-start-probe: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using epx::detail::check_cuda;
 
 __device__ __forceinline__ uint32_t load_relaxed(const uint32_t* p) {
   uint32_t v;
@@ -173,6 +169,28 @@ __global__ void op_latency_kernel(uint32_t seed, uint32_t d, Divisor by_d, doubl
   }
 }
 
+// The median over kSpreadLaunches launches of the warps' median and of their maximum, in us: launch()
+// runs one launch, which leaves each of `warps` warps' cycles in `cycles`; one launch more goes first, as
+// a warm-up.
+constexpr int kSpreadLaunches = 11;
+struct WarpSpread {
+  double median_us, max_us;
+};
+WarpSpread warp_spread(const std::function<void()>& launch, const long long* cycles, int warps, int clock_khz) {
+  std::vector<double> medians, maxima;
+  for (int rep = 0; rep < kSpreadLaunches + 1; ++rep) {
+    launch();
+    check_cuda(cudaDeviceSynchronize(), "warp_spread");
+    if (rep == 0) continue;
+    std::vector<double> us(cycles, cycles + warps);
+    for (double& u : us) u /= clock_khz / 1e3;
+    const Timing t = summarize(std::move(us));
+    medians.push_back(t.median_us);
+    maxima.push_back(t.max_us);
+  }
+  return WarpSpread{summarize(std::move(medians)).median_us, summarize(std::move(maxima)).median_us};
+}
+
 // ---- First loads of a grid: every warp's first load, the LL grid's size ----
 // Lane 0 of every warp loads one word, from page (warp % pages) of `words` (a line of its own in it), and
 // records the cycles until it has the value: whether the first loads of many SMs at once, over several
@@ -199,38 +217,26 @@ void first_load_rows(int sms, uint32_t* words, uint32_t* sweep, int clock_khz) {
   };
   const Shape shapes[] = {{1, 1, 0}, {sms, 1, 0}, {sms, 8, 0}, {sms, 32, 0}, {sms, 128, 0}, {sms, 8, 1}, {sms, 8, 2}};
   long long* cycles = nullptr;
-  check(cudaMallocHost(&cycles, sizeof(long long) * sms * 16), "cudaMallocHost");
-  constexpr int kRepeats = 11;
+  check_cuda(cudaMallocHost(&cycles, sizeof(long long) * sms * 16), "cudaMallocHost");
   std::printf(
       "\nepx-start-probe: every warp's first load (lane 0, one word of page warp %% pages); median over %d "
       "launches of the warps' median and maximum, us\n%-34s | %-22s | %-22s\n",
-      kRepeats, "CTAs x 512 threads, pages", "after itself", "after a page sweep");
+      kSpreadLaunches, "CTAs x 512 threads, pages", "after itself", "after a page sweep");
   for (const Shape& shape : shapes) {
-    const int warps = shape.ctas * 16;
-    std::vector<double> med[2], top[2];
-    for (int rep = 0; rep < kRepeats + 1; ++rep) {
-      for (int condition = 0; condition < 2; ++condition) {
-        if (condition == 1) sweep_kernel<<<132, 256>>>(sweep, kSweepBytes);
-        first_loads_kernel<<<shape.ctas, 512>>>(words, shape.pages, shape.hot, cycles);
-        check(cudaDeviceSynchronize(), "first_loads_kernel");
-        if (rep == 0) continue;  // warm-up
-        std::vector<double> us(cycles, cycles + warps);
-        for (double& u : us) u /= clock_khz / 1e3;
-        std::sort(us.begin(), us.end());
-        med[condition].push_back(us[us.size() / 2]);
-        top[condition].push_back(us.back());
-      }
-    }
     char name[48];
     std::snprintf(name, sizeof name, "%d x 512, %d%s", shape.ctas, shape.pages,
                   shape.hot == 1   ? ", hot ld.ca"
                   : shape.hot == 2 ? ", hot relaxed.sys"
                                    : "");
     std::printf("%-34s", name);
-    for (int condition = 0; condition < 2; ++condition) {
-      std::sort(med[condition].begin(), med[condition].end());
-      std::sort(top[condition].begin(), top[condition].end());
-      std::printf(" | med %6.3f max %6.3f", med[condition][kRepeats / 2], top[condition][kRepeats / 2]);
+    for (const bool swept : {false, true}) {
+      const WarpSpread w = warp_spread(
+          [&] {
+            if (swept) sweep_kernel<<<sms, 256>>>(sweep, kSweepBytes);
+            first_loads_kernel<<<shape.ctas, 512>>>(words, shape.pages, shape.hot, cycles);
+          },
+          cycles, shape.ctas * 16, clock_khz);
+      std::printf(" | med %6.3f max %6.3f", w.median_us, w.max_us);
     }
     std::printf("\n");
   }
@@ -281,29 +287,20 @@ void item_work_rows(int sms, uint32_t* words, int clock_khz) {
   const int most = sms * 16;
   long long* cycles = nullptr;
   uint4* out = nullptr;
-  check(cudaMallocHost(&cycles, sizeof(long long) * most), "cudaMallocHost");
-  check(cudaMalloc(&out, sizeof(uint4) * 32 * most), "cudaMalloc");
-  constexpr int kRepeats = 11;
+  check_cuda(cudaMallocHost(&cycles, sizeof(long long) * most), "cudaMallocHost");
+  check_cuda(cudaMalloc(&out, sizeof(uint4) * 32 * most), "cudaMalloc");
   std::printf(
       "\nepx-start-probe: a combine item's work per warp (4 KB of loads, 128 FMAs a lane); median over %d "
       "launches of the warps' median and maximum, us\n",
-      kRepeats);
+      kSpreadLaunches);
   for (const Shape& shape : shapes) {
-    const int warps = shape.ctas * shape.warps_per_cta;
-    std::vector<double> med, top;
-    for (int rep = 0; rep < kRepeats + 1; ++rep) {
-      item_work_kernel<<<shape.ctas, 512>>>(reinterpret_cast<const uint4*>(words), shape.warps_per_cta, cycles, out);
-      check(cudaDeviceSynchronize(), "item_work_kernel");
-      if (rep == 0) continue;  // warm-up: the data is in L2 from here on
-      std::vector<double> us(cycles, cycles + warps);
-      for (double& u : us) u /= clock_khz / 1e3;
-      std::sort(us.begin(), us.end());
-      med.push_back(us[us.size() / 2]);
-      top.push_back(us.back());
-    }
-    std::sort(med.begin(), med.end());
-    std::sort(top.begin(), top.end());
-    std::printf("%-30s med %6.3f max %6.3f\n", shape.name, med[kRepeats / 2], top[kRepeats / 2]);
+    const WarpSpread w = warp_spread(  // from the warm-up on, the data is in L2
+        [&] {
+          item_work_kernel<<<shape.ctas, 512>>>(reinterpret_cast<const uint4*>(words), shape.warps_per_cta, cycles,
+                                                out);
+        },
+        cycles, shape.ctas * shape.warps_per_cta, clock_khz);
+    std::printf("%-30s med %6.3f max %6.3f\n", shape.name, w.median_us, w.max_us);
   }
   cudaFree(out);
   cudaFreeHost(cycles);
@@ -343,7 +340,7 @@ struct LaunchRow {
 double graph_launch_us(const std::function<void(cudaStream_t)>& launch, const std::function<void(cudaStream_t)>& before,
                        int repetitions) {
   cudaStream_t stream;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   const GraphExec exec = capture_graph(stream, launch);
   const Timing t = time_on_stream(stream, 5, repetitions, before, [&](cudaStream_t s) { launch_graph(exec, s); });
   cudaStreamDestroy(stream);
@@ -353,9 +350,10 @@ double graph_launch_us(const std::function<void(cudaStream_t)>& launch, const st
 void launch_cost_rows(int sms, uint32_t* sink) {
   constexpr int kSmall = 3 << 10, kLarge = 16 << 10;
   const auto allow = [](const void* f, int bytes, int carveout) {
-    check(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "cudaFuncSetAttribute");
+    check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "cudaFuncSetAttribute");
     if (carveout >= 0) {
-      check(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, carveout), "cudaFuncSetAttribute");
+      check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, carveout),
+                 "cudaFuncSetAttribute");
     }
   };
   allow(reinterpret_cast<const void*>(empty_grid_kernel<1>), kSmall, -1);
@@ -389,27 +387,27 @@ void launch_cost_rows(int sms, uint32_t* sink) {
   }
 }
 
-}  // namespace
-
-int main() {
+// Every section in turn, on device 0.
+void run() {
   int device = 0;
-  check(cudaSetDevice(device), "cudaSetDevice");
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
   int clock_khz = 0;
-  check(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device), "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device), "cudaDeviceGetAttribute");
+  const int sms = device_sm_count(device);
   uint32_t *words = nullptr, *sweep = nullptr, *sink = nullptr;
   long long* out = nullptr;
-  check(cudaMalloc(&words, kFarBytes + kPageBytes * 64), "cudaMalloc");
-  check(cudaMalloc(&sweep, kSweepBytes), "cudaMalloc");
-  check(cudaMalloc(&sink, sizeof(uint32_t)), "cudaMalloc");
-  check(cudaMemset(words, 0, kFarBytes + kPageBytes * 64), "cudaMemset");
-  check(cudaMemset(sweep, 0, kSweepBytes), "cudaMemset");
-  check(cudaMallocHost(&out, sizeof(long long) * (kPoints + 2)), "cudaMallocHost");
+  check_cuda(cudaMalloc(&words, kFarBytes + kPageBytes * 64), "cudaMalloc");
+  check_cuda(cudaMalloc(&sweep, kSweepBytes), "cudaMalloc");
+  check_cuda(cudaMalloc(&sink, sizeof(uint32_t)), "cudaMalloc");
+  check_cuda(cudaMemset(words, 0, kFarBytes + kPageBytes * 64), "cudaMemset");
+  check_cuda(cudaMemset(sweep, 0, kSweepBytes), "cudaMemset");
+  check_cuda(cudaMallocHost(&out, sizeof(long long) * (kPoints + 2)), "cudaMallocHost");
   const uint32_t pick = 0x5A5A5A5Au;
   std::size_t far_word = 0;
   const auto probe = [&]() {
     far_word += kPageBytes / 4 / 64;  // a word of the next far page: none read before
     probe_kernel<<<1, 32>>>(words, far_word, pick, out);
-    check(cudaDeviceSynchronize(), "probe");
+    check_cuda(cudaDeviceSynchronize(), "probe");
     std::vector<double> us(kPoints);
     for (int i = 0; i + 1 < kPoints; ++i) us[i] = double(out[i + 1] - out[i]) / (clock_khz / 1e3);
     us[kPoints - 1] = double(out[kPoints - 1] - out[0]) / double(out[kPoints]) * 1e3;  // MHz while it ran
@@ -425,7 +423,7 @@ int main() {
     rows[0].us.push_back(probe());
     other_code_kernel<1><<<1, 32>>>(pick, sink);
     rows[1].us.push_back(probe());
-    sweep_kernel<<<132, 256>>>(sweep, kSweepBytes);
+    sweep_kernel<<<sms, 256>>>(sweep, kSweepBytes);
     rows[2].us.push_back(probe());
   }
   std::printf(
@@ -440,19 +438,19 @@ int main() {
     for (int i = 0; i < kPoints; ++i) {
       std::vector<double> v;
       for (auto& launch : r.us) v.push_back(launch[i]);
-      std::sort(v.begin(), v.end());
-      std::printf(" | %6.3f [%6.3f, %6.3f]  ", v[v.size() / 2], v.front(), v.back());
+      const Timing t = summarize(std::move(v));
+      std::printf(" | %6.3f [%6.3f, %6.3f]  ", t.median_us, t.min_us, t.max_us);
     }
     std::printf("\n");
   }
   // Operation latencies (op_latency_kernel): the median of kRepeats launches.
   double* op_cycles = nullptr;
-  check(cudaMallocHost(&op_cycles, sizeof(double) * int(ChainOp::count)), "cudaMallocHost");
+  check_cuda(cudaMallocHost(&op_cycles, sizeof(double) * int(ChainOp::count)), "cudaMallocHost");
   std::vector<std::vector<double>> per_op(int(ChainOp::count));
   const uint32_t divisor = 144;  // E_local at E = 288, R = 2
   for (int rep = 0; rep < kRepeats; ++rep) {
     op_latency_kernel<<<1, 32>>>(pick + rep, divisor, Divisor::of(divisor), op_cycles);
-    check(cudaDeviceSynchronize(), "op_latency_kernel");
+    check_cuda(cudaDeviceSynchronize(), "op_latency_kernel");
     for (int i = 0; i < int(ChainOp::count); ++i) per_op[i].push_back(op_cycles[i]);
   }
   std::printf(
@@ -464,8 +462,6 @@ int main() {
     std::printf("%-22s %7.1f\n", kChainOpNames[i], per_op[i][per_op[i].size() / 2]);
   }
   cudaFreeHost(op_cycles);
-  int sms = 0;
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   launch_cost_rows(sms, sink);
   first_load_rows(sms, words, sweep, clock_khz);
   item_work_rows(sms, words, clock_khz);
@@ -473,5 +469,16 @@ int main() {
   cudaFree(sweep);
   cudaFree(sink);
   cudaFreeHost(out);
+}
+
+}  // namespace
+
+int main() {
+  try {
+    run();
+  } catch (const std::exception& e) {  // a failed CUDA call (epx::Error, naming it)
+    std::fprintf(stderr, "epx-start-probe: %s\n", e.what());
+    return 1;
+  }
   return 0;
 }
