@@ -193,6 +193,21 @@ __host__ __device__ bool own_rows_direct(const CombineParams& p) { return (p.pha
 __host__ __device__ bool early_own_rows(const CombineParams& p) { return own_rows_direct(p) && !p.naive; }
 constexpr std::size_t kEarlyOwnBytes = std::size_t(kThreads) * 2 * sizeof(uint4);
 
+// The warp's first item of a step with `items` work items. Where they fit in one warp per CTA, item i
+// goes to warp 0 of CTA i (send) or to the last warp of CTA CTAs - 1 - i (receive), one per SM: an SM's
+// load bandwidth is shared by its warps (a warp alone on its SM does an item's loads and sums in ~0.40
+// us, 16 warps of one SM in ~0.65: epx-start-probe). The receive items of a call of few tokens fit (T = 1,
+// 2026-11-23: combine 10.3 -> 10.0 us, in a row 7.5 -> 6.5); the send items count every message T_max
+// allows, so they fit only with a small T_max. Otherwise the items fill the CTAs in turn, sends from the
+// grid's start and receives from its end (spread there, T = 128 took ~0.2 us longer: every warp has an
+// item either way). Either way, when the work is smaller than the grid a receive item does not share its
+// warp with a send item (naive order's own rows; local order's first item has them early).
+__device__ int first_item(int items, bool receive) {
+  const int warp = int(threadIdx.x / kWarp), cta = receive ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+  if (items <= int(gridDim.x)) return warp == (receive ? kWarps - 1 : 0) ? cta : items;  // one per SM
+  return cta * kWarps + warp;
+}
+
 template <bool kNaive>
 __device__ void send(const CombineParams& p, uint64_t cseq) {
   const LlView& v = p.v;
@@ -202,7 +217,7 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
   const int warps = gridDim.x * kWarps, parts = int(p.by_send_parts.d);
   SetFree free = load_set_free(v, core::kLlCombine, p.set);
   bool ok = true, sent = false;
-  for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
+  for (int item = first_item(messages * parts, false); ok && item < messages * parts; item += warps) {
     const auto [message, part] = p.by_send_parts.split(uint32_t(item));
     const int home = int(v.by_max_tokens.quotient(message));
     const int s = direct && home >= me ? home + 1 : home;
@@ -213,11 +228,8 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
 
 // ---- Receive ----
 
-// The warp's first receive item: receive items go to the warps from the grid's end, sends take warps
-// from its start, so when the work is smaller than the grid (few tokens) a receive item does not wait
-// for a send item of its warp (naive order's own rows; local order's first item has them early).
-__device__ int first_receive_item() { return (gridDim.x - 1 - blockIdx.x) * kWarps + threadIdx.x / kWarp; }
 __device__ int receive_items(const CombineParams& p) { return p.num_tokens * row_items(p); }
+__device__ int first_receive_item(const CombineParams& p) { return first_item(receive_items(p), true); }
 
 // Local order, own_rows_direct: this lane's vectors (at `col`) of my message to myself for token t,
 // reduced (zeros where dispatch brought me nothing from myself: slots 0), kRows rows' loads in flight.
@@ -328,7 +340,7 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask (protocol.cuh)
   for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
   __syncthreads();
-  const int items = receive_items(p), first = first_receive_item();
+  const int items = receive_items(p), first = first_receive_item(p);
   bool ok = true;
   for (int item = first; ok && item < items; item += gridDim.x * kWarps) {
     const uint4* own_ready = item == first && own_first != nullptr ? own_first[threadIdx.x] : nullptr;
@@ -348,9 +360,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
   const uint64_t cseq = call_sequence(p.v, core::kLlCombine, p.set);
   extern __shared__ uint4 early_own_shared[];  // kEarlyOwnBytes where early_own_rows(p)
   uint4(*own_first)[2] = reinterpret_cast<uint4(*)[2]>(early_own_shared);
-  const bool early_own = !kNaive && own_rows_direct(p) && first_receive_item() < receive_items(p);  // early_own_rows
+  const bool early_own = !kNaive && own_rows_direct(p) && first_receive_item(p) < receive_items(p);  // early_own_rows
   if (early_own) {
-    const auto [t, g] = p.by_row_items.split(uint32_t(first_receive_item()));
+    const auto [t, g] = p.by_row_items.split(uint32_t(first_receive_item(p)));
     int col[2];
     item_cols(p, int(g), col);
     own_partial<kRowsInFlight>(p, int(t), col, own_first[threadIdx.x]);

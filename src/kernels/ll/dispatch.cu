@@ -433,11 +433,16 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   // 132 SMs) those have no lines to send, so the headers, which every receive of a message waits for,
   // do not queue behind lines; else the first warps take a send item after their routing item. (Routing
   // as the first of a token's items, before its lines, left them last: their warps' stores went out
-  // ~3 us after the others'.) A warp's first work is loaded (a send item: and cast) before the table is
+  // ~3 us after the others'.) Where the work fits in one warp per CTA (FP8 at H = 7168 on 132 SMs: T <= 14),
+  // item i goes to warp 0 of CTA i instead, one per SM: a cast and its CTA's staging barrier then wait
+  // for no other item (T = 1, 2026-11-23: FP8 12.7 -> 11.9 us; dealing every call's items over the CTAs
+  // first cost T = 128 0.9 us). A warp's first work is loaded (a send item: and cast) before the table is
   // staged, with the peers' freed flags.
   const uint32_t stamp = core::ll_stamp(seq);
   const int per_row = int(p.by_row_items.d), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
-  const int warps = gridDim.x * kWarps, first = blockIdx.x * kWarps + threadIdx.x / kWarp;
+  const int warps = gridDim.x * kWarps;
+  const int first = work <= int(gridDim.x) ? (threadIdx.x / kWarp == 0 ? int(blockIdx.x) : work)
+                                           : int(blockIdx.x * kWarps + threadIdx.x / kWarp);
   SetFree free = load_set_free(v, core::kLlDispatch, p.set);
   // The table's first entries (kEarlyEntries per thread) and the rank mask are loaded before the warp's
   // first work, so that their round trips overlap its loads instead of following them (kThreads >=
