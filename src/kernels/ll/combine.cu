@@ -193,19 +193,15 @@ __host__ __device__ bool own_rows_direct(const CombineParams& p) { return (p.pha
 __host__ __device__ bool early_own_rows(const CombineParams& p) { return own_rows_direct(p) && !p.naive; }
 constexpr std::size_t kEarlyOwnBytes = std::size_t(kThreads) * 2 * sizeof(uint4);
 
-// The warp's first item of a step with `items` work items. Where they fit in one warp per CTA, item i
-// goes to warp 0 of CTA i (send) or to the last warp of CTA CTAs - 1 - i (receive), one per SM: an SM's
-// load bandwidth is shared by its warps (a warp alone on its SM does an item's loads and sums in ~0.40
-// us, 16 warps of one SM in ~0.65: epx-start-probe). The receive items of a call of few tokens fit (T = 1,
-// 2026-11-23: combine 10.3 -> 10.0 us, in a row 7.5 -> 6.5); the send items count every message T_max
-// allows, so they fit only with a small T_max. Otherwise the items fill the CTAs in turn, sends from the
-// grid's start and receives from its end (spread there, T = 128 took ~0.2 us longer: every warp has an
-// item either way). Either way, when the work is smaller than the grid a receive item does not share its
-// warp with a send item (naive order's own rows; local order's first item has them early).
+// The warp's first item of a step with `items` work items (first_work_item): sends from the grid's
+// start (one per SM: warp 0 of CTA i), receives from its end (the last warp of CTA CTAs - 1 - i), so that
+// when the work is smaller than the grid a receive item does not share its warp with a send item (naive
+// order's own rows; local order's first item has them early). The receive items of a call of few tokens
+// fit one per SM (T = 1, 2026-11-23: combine 10.3 -> 10.0 us, in a row 7.5 -> 6.5); the send items count
+// every message T_max allows, so they fit only with a small T_max.
 __device__ int first_item(int items, bool receive) {
-  const int warp = int(threadIdx.x / kWarp), cta = receive ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
-  if (items <= int(gridDim.x)) return warp == (receive ? kWarps - 1 : 0) ? cta : items;  // one per SM
-  return cta * kWarps + warp;
+  return receive ? first_work_item(items, int(gridDim.x - 1 - blockIdx.x), kWarps - 1, kWarps)
+                 : first_work_item(items, int(blockIdx.x), 0, kWarps);
 }
 
 template <bool kNaive>

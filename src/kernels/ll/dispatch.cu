@@ -434,23 +434,20 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   // do not queue behind lines; else the first warps take a send item after their routing item. (Routing
   // as the first of a token's items, before its lines, left them last: their warps' stores went out
   // ~3 us after the others'.) Where the work fits in one warp per CTA (FP8 at H = 7168 on 132 SMs: T <= 14),
-  // item i goes to warp 0 of CTA i instead, one per SM: a cast and its CTA's staging barrier then wait
-  // for no other item (T = 1, 2026-11-23: FP8 12.7 -> 11.9 us; dealing every call's items over the CTAs
-  // first cost T = 128 0.9 us). A warp's first work is loaded (a send item: and cast) before the table is
-  // staged, with the peers' freed flags.
+  // item i goes to warp 0 of CTA i instead (first_work_item): a cast and its CTA's staging barrier then
+  // wait for no other item (T = 1, 2026-11-23: FP8 12.7 -> 11.9 us). A warp's first work is loaded (a
+  // send item: and cast) before the table is staged, with the peers' freed flags.
   const uint32_t stamp = core::ll_stamp(seq);
   const int per_row = int(p.by_row_items.d), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
-  const int warps = gridDim.x * kWarps;
-  const int first = work <= int(gridDim.x) ? (threadIdx.x / kWarp == 0 ? int(blockIdx.x) : work)
-                                           : int(blockIdx.x * kWarps + threadIdx.x / kWarp);
+  const int warps = gridDim.x * kWarps, first = first_work_item(work, int(blockIdx.x), 0, kWarps);
   SetFree free = load_set_free(v, core::kLlDispatch, p.set);
   // The table's first entries (kEarlyEntries per thread) and the rank mask are loaded before the warp's
   // first work, so that their round trips overlap its loads instead of following them (kThreads >=
   // kMaxNvlinkRanks: one rank per thread).
   const int entries = p.num_tokens * p.topk;
   const auto entry = [&](int i) {  // entry i of the caller's table, flattened (token i / K, slot i % K)
-    const int t = int(p.by_topk.quotient(uint32_t(i)));
-    return topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, t, i - t * p.topk);
+    const auto [t, k] = p.by_topk.split(uint32_t(i));
+    return topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, int(t), int(k));
   };
   int64_t early[kEarlyEntries];
 #pragma unroll
@@ -661,19 +658,19 @@ struct BatchTargets {
 };
 
 // One warp, part `part` of message (s, t), of p.by_receive_parts.d parts: a run of its payload's line
-// instructions. Every load of the part goes out before any wait: the manifest word, the header and the
-// first batch of its lines; a stamped word or line vouches for itself, so one loaded before the manifest
-// bit was seen is as good as one loaded after. What had not arrived is then polled, in the protocol's
-// order. Part 0 records the message for combine (message_slots, entry_rows, entry_weights) and src_idx;
-// every part copies its lines into every row the message expands to. Returns false when the team failed.
+// instructions (p.part_instructions, the last part what is left). Every load of the part goes out
+// before any wait: the manifest word, the header and the first batch of its lines; a stamped word or
+// line vouches for itself, so one loaded before the manifest bit was seen is as good as one loaded
+// after. What had not arrived is then polled, in the protocol's order. Part 0 records the message for
+// combine (message_slots, entry_rows, entry_weights) and src_idx; every part copies its lines into
+// every row the message expands to. Returns false when the team failed.
 template <bool kFp8>
 __device__ bool receive_message(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t, int part) {
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
   const uint4* payload = v.payload(me, p.set, s, t);
   const int lines = row_lines<kFp8>(p), instructions = line_instructions(lines);
-  const int per_part = int(p.by_receive_parts.quotient(uint32_t(instructions) + p.by_receive_parts.d - 1));
-  const int first = part * per_part, end = min(instructions, first + per_part);
+  const int first = part * p.part_instructions, end = min(instructions, first + p.part_instructions);
   uint4 x[kLineBatch] = {};
   bool here = load_lines(payload, first, min(end, first + kLineBatch), lines, stamp, x);
   bool failed = false;
@@ -794,7 +791,9 @@ void launch_dispatch(const DispatchParams& params, int num_blocks, cudaStream_t 
   p.by_topk = core::Divisor::of(uint32_t(std::max(p.topk, 1)));
   const int lines = core::ll_row_lines(p.fp8 ? p.hidden : 2 * p.hidden);  // as row_lines<kFp8> on the device
   p.by_row_items = core::Divisor::of(uint32_t(line_items(lines)));
-  p.by_receive_parts = core::Divisor::of(uint32_t(receive_parts(p, lines, num_blocks)));
+  const int parts = receive_parts(p, lines, num_blocks);
+  p.by_receive_parts = core::Divisor::of(uint32_t(parts));
+  p.part_instructions = (line_instructions(lines) + parts - 1) / parts;
   const std::size_t shared = (p.phases & kSend) == 0 ? 0
                                                      : experts_table_bytes(p.num_tokens, p.topk) +
                                                            std::size_t(p.v.num_experts) * sizeof(int32_t);

@@ -108,9 +108,11 @@ struct DispatchParams {
   int32_t* src_idx;
   LlRange* layout_range;
   int32_t* cumulative_recv_count;  // or null
-  // Filled by launch_dispatch: topk (K >= 1), a row's send items (8 lines each) in the call's format, and
-  // the parts a received message is cut into (work items of the receive step).
+  // Filled by launch_dispatch: topk (K >= 1), a row's send items (8 lines each) in the call's format, the
+  // parts a received message is cut into (work items of the receive step) and each part's line
+  // instructions (the last part: what is left).
   core::Divisor by_topk, by_row_items, by_receive_parts;
+  int32_t part_instructions;
 };
 
 struct CombineParams {
