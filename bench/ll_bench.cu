@@ -180,6 +180,12 @@ struct Traffic {
     const double row_bytes = double(core::ll_row_line_bytes(int(hidden)));
     return {double(rows_back) * row_bytes, double(received_rows) * 2 * hidden};
   }
+  // The local order with the weights given to combine: a stamped word per remote slot goes out first.
+  OpBytes combine_weights_given() const {
+    OpBytes b = combine(LlCombineOrder::local);
+    b.nvlink += double(remote_slots) * sizeof(core::LlWord);
+    return b;
+  }
 };
 
 // One call's timings: one launch at a time, each after a team barrier (what the bench reports); in a
@@ -288,6 +294,12 @@ class LlBench {
     const ref::LlRecv got_fp8 = fetch(fp8_, true), got_bf16 = fetch(bf16_, false);
     const std::vector<uint16_t> got_local = download_out(LlCombineOrder::local);
     const std::vector<uint16_t> got_naive = download_out(LlCombineOrder::naive);
+    // The local order with the weights given to combine (a dispatch without them), into out_local_ again.
+    poison_outputs();
+    const LlHandle unweighted = buffer_.dispatch(dispatch_args(false, false), Streams{stream()}).handle;
+    buffer_.combine(combine_args(LlCombineOrder::local, unweighted), Streams{stream()});
+    const std::vector<uint16_t> got_local_cw = download_out(LlCombineOrder::local);
+    buffer_.check_errors();
 
     traffic_ = count_traffic(mine);
     Checker check(me_, "LL");
@@ -323,6 +335,7 @@ class LlBench {
                   order == LlCombineOrder::local ? got_local : got_naive, out[me_].data, o_.hidden);
       if (order == LlCombineOrder::local) checked_local_ = out[me_].data;
     }
+    check.equal("combine (local order, weights given to combine) out", got_local_cw, checked_local_, o_.hidden);
     return check.ok();
   }
 
@@ -341,6 +354,10 @@ class LlBench {
     const LlHandle handle = buffer_.dispatch(dispatch_args(false), Streams{stream()}).handle;
     out.push_back(measured("combine", "bf16", "local", time(combine_call(local, handle)), traffic_.combine(local)));
     out.push_back(measured("combine", "bf16", "naive", time(combine_call(naive, handle)), traffic_.combine(naive)));
+    // The local order with the weights given to combine (DeepEP's API), on a dispatch without them.
+    const LlHandle unweighted = buffer_.dispatch(dispatch_args(false, false), Streams{stream()}).handle;
+    out.push_back(measured("combine", "bf16", "local_cw", time(combine_call(local, unweighted)),
+                           traffic_.combine_weights_given()));
     const CallTiming both = time([&](cudaStream_t s) {
       const LlHandle h = buffer_.dispatch(dispatch_args(true), Streams{s}).handle;
       buffer_.combine(combine_args(local, h), Streams{s});
@@ -404,11 +421,14 @@ class LlBench {
           team_.impl().reset_trace(stream());
         },
         [&] { receive(); });
-    const LlHandle handle = buffer_.dispatch(dispatch_args(false), Streams{stream()}).handle;
-    print_phase_trace(
-        team_, stream(), "ll_combine_local", transport::TracePoint::ll_combine_start,
-        [&] { enqueue_team_barrier(team_, stream()); },
-        [&] { buffer_.combine(combine_args(LlCombineOrder::local, handle), Streams{stream()}); });
+    // Combine (local order) with the weights given to dispatch, then to combine.
+    for (const bool weights_given : {false, true}) {
+      const LlHandle handle = buffer_.dispatch(dispatch_args(false, !weights_given), Streams{stream()}).handle;
+      print_phase_trace(
+          team_, stream(), weights_given ? "ll_combine_local_cw" : "ll_combine_local",
+          transport::TracePoint::ll_combine_start, [&] { enqueue_team_barrier(team_, stream()); },
+          [&] { buffer_.combine(combine_args(LlCombineOrder::local, handle), Streams{stream()}); });
+    }
   }
 
   // For each of kLlTuneSms up to the smallest SM count of any rank (every rank tries the same ones, in
@@ -443,21 +463,22 @@ class LlBench {
     return TensorRef::matrix(data, ScalarType::bf16, o_.tokens, o_.hidden);
   }
 
-  LlDispatchArgs dispatch_args(bool fp8) const {
+  // `weights`: given to dispatch (else combine gets them).
+  LlDispatchArgs dispatch_args(bool fp8, bool weights = true) const {
     LlDispatchArgs a;
     a.x = TensorRef::matrix(x_.get(), ScalarType::bf16, o_.tokens, o_.hidden);
     a.topk_idx = topk_idx();
-    a.topk_weights = TensorRef::matrix(weights_.get(), ScalarType::float32, o_.tokens, o_.topk);
+    if (weights) a.topk_weights = TensorRef::matrix(weights_.get(), ScalarType::float32, o_.tokens, o_.topk);
     a.use_fp8 = fp8;
     a.out = (fp8 ? fp8_ : bf16_).view(fp8);
     return a;
   }
 
-  // Local order takes the weights given to dispatch; naive order gets them here.
+  // Local order takes the weights given to dispatch, if it had them; naive order gets them here.
   LlCombineArgs combine_args(LlCombineOrder order, const LlHandle& handle) const {
     LlCombineArgs a;
     a.y = TensorRef::matrix(y_.get(), ScalarType::bf16, int64_t(shape_.local_experts) * shape_.capacity, o_.hidden);
-    if (order == LlCombineOrder::naive) {
+    if (order == LlCombineOrder::naive || !handle.has_weights) {
       a.topk_weights = TensorRef::matrix(weights_.get(), ScalarType::float32, o_.tokens, o_.topk);
     }
     a.handle = handle;

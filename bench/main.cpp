@@ -51,7 +51,8 @@ void usage() {
       "  and combine per num_sms (8..32, %d repetitions each), each setting's outputs compared with the\n"
       "  checked ones, and adds ht_tuning and ht_best_sms to FILE. --trace (a build with cmake\n"
       "  -DEPX_PHASE_TRACE=ON only): then prints the phase traces per rank (HT dispatch, LL dispatch and combine).\n"
-      "  LL: dispatch FP8/BF16, combine (local and naive order) and dispatch + combine, T tokens per rank\n"
+      "  LL: dispatch FP8/BF16, combine (local and naive order; local_cw: local with the weights given to\n"
+      "  combine, as DeepEP's API gives them) and dispatch + combine, T tokens per rank\n"
       "  (--ll-tokens, default %d; also the buffer's T_max), each one call captured in a CUDA graph and\n"
       "  replayed %d times; --ll-sms: LlConfig::num_sms (default the library's). --ll-tune: then times\n"
       "  dispatch FP8 and combine (local) per num_sms (16..132, up to the SM count), each setting checked\n"
@@ -389,11 +390,11 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
       "*_receive: a send_only call's two steps, each timed alone (the receive step with its data there); GB/s per "
       "rank and direction\n",
       ll.replays, ll.replays);
-  std::printf("%-16s %-6s %-6s %9s %7s %9s %8s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag",
+  std::printf("%-16s %-6s %-8s %9s %7s %9s %8s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag",
               "in a row", "cold", "NVLink GB/s", "algo GB/s", "checked", "target");
   for (const LlBenchRow& row : ll.rows) {
     const Target target = ll_target(ll.ranks, default_shape(ll), row.op, row.dtype, row.order);
-    std::printf("%-16s %-6s %-6s %9.2f %7s %9s %8s %12s %10s %8s  %s\n", row.op.c_str(), row.dtype.c_str(),
+    std::printf("%-16s %-6s %-8s %9.2f %7s %9s %8s %12s %10s %8s  %s\n", row.op.c_str(), row.dtype.c_str(),
                 row.order.empty() ? "-" : row.order.c_str(), row.time_us,
                 number_or_dash(l.flag_latency_us > 0 ? row.time_us / l.flag_latency_us : 0, "%.1f").c_str(),
                 number_or_dash(row.in_a_row_us, "%.2f").c_str(), number_or_dash(row.cold_us, "%.2f").c_str(),

@@ -143,6 +143,7 @@ sanitizers_run() {
     small+=':Cases/LlExchange.MatchesReference/SingleGpu2_Uniform_Fp8:LlMask.SingleGpuRanksMaskEachOtherThenRejoin'
     small+=':Cases/LlExchange.MatchesReference/SingleGpu4_OneToken_ExpertsEqualRanks'
     small+=':Cases/LlExchange.MatchesReference/SingleGpu2_Hidden640_Fp8'
+    small+=':Cases/LlExchange.MatchesReference/SingleGpu2_OneToken_ExpertsEqualRanks'
   fi
   for tool in memcheck racecheck; do
     EPX_TEST_TIMEOUT_SCALE=10 timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --target-processes all \

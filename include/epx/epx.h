@@ -334,7 +334,7 @@ typedef enum epx_ll_combine_order { EPX_LL_COMBINE_LOCAL = 0, EPX_LL_COMBINE_NAI
 typedef struct epx_ll_combine_args {
   size_t struct_size;
   epx_tensor y;            /* [E_local * C][H] bf16 */
-  epx_tensor topk_weights; /* [T][K] float32: naive order only */
+  epx_tensor topk_weights; /* [T][K] float32: naive order, or local order after a dispatch without weights */
   epx_ll_handle handle;
   int32_t order; /* epx_ll_combine_order */
   int32_t send_only;

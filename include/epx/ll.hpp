@@ -19,17 +19,19 @@
 //
 // combine: y [E_local][C][H] BF16 in the layout dispatch produced goes back; out[t] on the home rank
 // is the weighted sum of its experts' rows, accumulated in float32, as BF16. Two summation orders:
-//   * local (default): the expert side sums its own experts' rows of a token (with the weights given
-//     to dispatch) and sends one row per (token, rank); the home rank adds those rows, ranks
-//     ascending. Cuts NVLink bytes by up to K / R.
+//   * local (default): the expert side sums its own experts' rows of a token, weighted, and sends one
+//     row per (token, rank); the home rank adds those rows, ranks ascending. Cuts NVLink bytes by up
+//     to K / R. The weights are those given to dispatch, which travel with the token; a rank whose
+//     dispatch had none gives them to combine instead (as DeepEP's API does), and they go to the
+//     expert side at the start of the call (T x K words; the expert side's sums wait for them).
+//     Either way the result is the same, bit for bit.
 //   * naive: one row per (token, slot) travels back and the home rank adds w[k] * y_k for k ascending
-//     (with the weights given to combine): bit-identical to the plain per-expert order, for debugging,
-//     and what a caller that has the weights only at combine time (DeepEP's API) gets.
+//     (with the weights given to combine): bit-identical to the plain per-expert order, for debugging.
 // combine reads y in place (no copy into a library buffer is ever needed); combine_buffer() is a
 // convenience for callers that want the library to own y.
 //
 // Collective calls, ordering and buffer sets. dispatch and combine are collective: all ranks call them
-// in the same order with the same shapes and options (and all pass dispatch weights, or none do).
+// in the same order with the same shapes and options.
 // Each kind alternates between two buffer sets, so that a call's sends never wait for the previous
 // call's receive step: two calls of a kind may be in flight. Before writing into a peer's set, a
 // kernel waits until that peer has finished reading the set's previous use, so no order of calls
@@ -145,7 +147,7 @@ struct LlDispatchResult {
 // The routing comes from the handle: dispatch kept, on the device, which ranks and slots each token went to.
 struct LlCombineArgs {
   TensorRef y;             // [E_local * C][H] bf16: row e * C + i is expert e's row i; rows 16-byte aligned
-  TensorRef topk_weights;  // [T][K] float32 with the naive order; empty with local (it uses the dispatch's)
+  TensorRef topk_weights;  // [T][K] float32: with the naive order; with local, exactly when the dispatch had none
   LlHandle handle;
   LlCombineOrder order = LlCombineOrder::local;
   TensorRef out;  // [T][H] bf16, dense rows, 16-byte aligned

@@ -204,8 +204,8 @@ class LlBuffer(BufferBase):
         streams: Optional[CallStreams] = None,
         **stream_args,
     ) -> LlDispatchResult:
-        """Collective. With topk_weights the weights travel with the tokens and combine can use the
-        local order (one row back per (token, rank))."""
+        """Collective. With topk_weights the weights travel with the tokens; without them, combine takes
+        them (in either order)."""
         s = streams or self.streams(**stream_args)
         if send_only and s.async_op:
             raise ValueError(
@@ -291,7 +291,8 @@ class LlBuffer(BufferBase):
         **stream_args,
     ) -> LlCombineResult:
         """Collective: out[t] = sum_k w[t][k] * y[expert k][row of (t, k)], float32 accumulation, bf16.
-        order "local" sums each rank's experts on the expert side with the weights given to dispatch;
+        order "local" sums each rank's experts on the expert side, with the weights given to dispatch, or,
+        when that dispatch had none, with topk_weights given here (they go to the expert side first);
         "naive" uses topk_weights given here, bit-identical to the plain per-expert order."""
         if not isinstance(handle, LlHandle) or handle.buffer is not self:
             raise ValueError("epx: combine needs the LlHandle of a dispatch on this buffer")

@@ -113,6 +113,7 @@ kl::LlView LlBuffer::Impl::make_view() const {
   v.headers = areas.headers;
   v.payloads = areas.payloads;
   v.combine_rows = areas.combine_rows;
+  v.combine_weights = areas.combine_weights;
   v.blocks_done = areas.blocks_done;
   v.pending_freed = areas.pending_freed;
   v.message_slots = areas.message_slots;
@@ -408,13 +409,16 @@ LlCombineResult LlBuffer::combine(const LlCombineArgs& args, const Streams& stre
   if (naive) {
     EPX_REQUIRE(!args.topk_weights.empty(), "LL combine, naive order: topk_weights [T][K] are required");
     core::check_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, T, K});
-  } else {
-    EPX_REQUIRE(h.has_weights,
-                "LL combine, local order: the expert side sums with the weights given to dispatch, and that dispatch "
-                "had none; pass topk_weights to dispatch, or use LlCombineOrder::naive with the weights here");
+  } else if (T > 0 && h.has_weights) {
     EPX_REQUIRE(args.topk_weights.empty(),
-                "LL combine, local order: topk_weights are the dispatch's; pass them here only with the naive order");
+                "LL combine, local order: the dispatch had topk_weights and the expert side sums with those; pass "
+                "them here only when the dispatch had none (or with the naive order)");
+  } else if (T > 0) {
+    EPX_REQUIRE(!args.topk_weights.empty(),
+                "LL combine, local order: the dispatch had no topk_weights, so pass them here ([T][K] float32; "
+                "they go to the expert side at the start of the call)");
   }
+  core::check_optional_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, T, K});
 
   const cudaStream_t stream = im.calls.begin(streams, "LL combine");
   const int set = im.next_set(im.combine_sets, im.combines, "combine");
@@ -426,6 +430,7 @@ LlCombineResult LlBuffer::combine(const LlCombineArgs& args, const Streams& stre
   p.y_row_stride = args.y.row_stride;
   p.hidden = int32_t(H);
   p.num_tokens = int32_t(T);
+  p.topk = int32_t(K);
   p.naive = naive;
   p.weights = static_cast<const float*>(args.topk_weights.data);
   p.weights_row_stride = args.topk_weights.row_stride;

@@ -23,6 +23,7 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
   a.headers = shared.take(sizeof(LlWord) * kLlHeaderWords * messages);
   a.payloads = shared.take(row_bytes * messages);
   a.combine_rows = shared.take(row_bytes * sets * a.combine_slots * T);
+  a.combine_weights = shared.take(sizeof(LlWord) * messages * o.max_topk);
   a.symmetric_bytes = shared.end();
 
   AreaCursor own;

@@ -19,11 +19,15 @@
 //                    row (r, t) is expert side r's partial sum (BF16) of my token t (local order), row
 //                    (k, t) the output of my token t's slot k (naive); every line carries its call's stamp (rows
 //                    from me to myself travel here only in send_only calls: kernels/ll/combine.cu)
+//   combine_weights  LlWord [set][R home][T_max][K_max]: word k of (s, t) is slot k's weight (float bits)
+//                    of home rank s's token t, for a combine whose weights come with it, not with the
+//                    dispatch (kernels/ll/combine.cu; the expert side's local order needs them)
 // Private (this rank's kernels only):
 //   blocks_done      uint32 [op]: CTAs done with the running receive step (zero between kernels)
 //   pending_freed    uint64 [op]: the receive step whose "freed" signals to the peers the next kernel of
 //                    the op sends (kernels/ll/protocol.cuh; 0: none)
-//   message_slots    uint32 [set][R][T_max]: the slots of each received message (0: none came)
+//   message_slots    uint32 [set][R][T_max]: the slots of each received message (0: none came), and
+//                    kLlWeightsAtCombine where the source's combine brings the weights
 //   entry_rows       int32 [set][R][T_max][K_max]: packed row e * C + i of each slot of each received message
 //   entry_weights    float [set][R][T_max][K_max]: its weight (combine reads these, not the headers,
 //                    so that a dispatch set is free for reuse as soon as its receive step is over)
@@ -73,7 +77,8 @@ inline constexpr std::size_t ll_row_line_bytes(int hidden) {
 
 // One dedup message's routing part, the slots of the token whose experts live on the destination, as
 // kLlHeaderWords data words:
-//   kLlHeaderSlots: bit k: slot k names an expert on the destination
+//   kLlHeaderSlots: bit k: slot k names an expert on the destination; kLlWeightsAtCombine: the source's
+//     dispatch had no weights, so its combine will send them (combine_weights)
 //   kLlHeaderUniqueSlots: the slots whose expert no earlier slot names (one row each)
 //   kLlHeaderExperts + k / 2: slot k's local expert id, int16, in the low half for even k
 //   kLlHeaderBlockRows + k / 2: the token's index among the source's tokens naming that expert, likewise
@@ -83,6 +88,7 @@ inline constexpr int kLlHeaderBlockRows = kLlHeaderExperts + kLlMaxTopk / 2;
 inline constexpr int kLlHeaderWeights = kLlHeaderBlockRows + kLlMaxTopk / 2;
 inline constexpr int kLlHeaderWords = kLlHeaderWeights + kLlMaxTopk;  // 34
 static_assert(kLlHeaderWords * sizeof(LlWord) % 16 == 0, "headers start on 16-byte boundaries");
+inline constexpr uint32_t kLlSlotBits = (1u << kLlMaxTopk) - 1u, kLlWeightsAtCombine = 1u << 31;
 
 // Where one of this rank's tokens went in a dispatch (private; combine's receive step reads it).
 struct LlHomeToken {
@@ -97,7 +103,8 @@ struct LlAreas {
   int combine_slots = 0;  // S = max(R, K_max)
 
   // Symmetric offsets.
-  std::size_t freed = 0, manifests = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0;
+  std::size_t freed = 0, manifests = 0, expert_counts = 0, headers = 0, payloads = 0, combine_rows = 0,
+              combine_weights = 0;
   std::size_t symmetric_bytes = 0;
   // Private offsets.
   std::size_t blocks_done = 0, pending_freed = 0, message_slots = 0, entry_rows = 0, entry_weights = 0, home = 0,

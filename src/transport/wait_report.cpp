@@ -31,6 +31,8 @@ const char* phase_name(WaitPhase phase) {
       return "LL combine rows";
     case WaitPhase::ll_set_reuse:
       return "LL buffer set reuse";
+    case WaitPhase::ll_combine_weights:
+      return "LL combine weights (a home rank's)";
   }
   return "unknown phase";
 }
@@ -46,7 +48,8 @@ std::string describe(const WaitReport& report) {
   }
   const auto phase = static_cast<WaitPhase>(report.phase);
   char what[160];
-  if (phase == WaitPhase::ll_dispatch_recv || phase == WaitPhase::ll_combine_recv) {  // LL stamps: the high half
+  if (phase == WaitPhase::ll_dispatch_recv || phase == WaitPhase::ll_combine_recv ||
+      phase == WaitPhase::ll_combine_weights) {  // LL stamps: the high half
     std::snprintf(what, sizeof what, "expected a word of call stamp %u, saw stamp %u (data %u)",
                   unsigned(report.expected >> 32), unsigned(report.observed >> 32),
                   unsigned(report.observed & 0xFFFFFFFFu));

@@ -48,7 +48,7 @@ TEST(WaitReport, AnIncompleteReportSaysSo) {
 }
 
 TEST(WaitReport, EveryPhaseHasAName) {
-  constexpr WaitPhase kLast = WaitPhase::ll_set_reuse;  // the enum's last value: a new phase moves this
+  constexpr WaitPhase kLast = WaitPhase::ll_combine_weights;  // the enum's last value: a new phase moves this
   for (uint32_t phase = 0; phase <= static_cast<uint32_t>(kLast); ++phase) {
     EXPECT_STRNE(phase_name(static_cast<WaitPhase>(phase)), "unknown phase") << "phase " << phase;
   }

@@ -39,7 +39,7 @@ struct LlCase {
   double p_empty;  // probability of a -1 slot
   LlPayload payload;
   bool int32_idx = false;
-  bool dispatch_weights = false;     // topk_weights given to dispatch (the local combine order needs them)
+  bool dispatch_weights = false;     // topk_weights given to dispatch (else the local combine order gets them)
   bool column_major_scales = false;  // DeepEP's scale layout (C * G, 1, C) instead of the default row-major
   bool repeat_slot = false;          // every third token names its first expert again in its last slot
   bool roomy_buffer = false;         // buffer made for hidden 7168 and top-16, larger than the call's H and K
@@ -78,7 +78,9 @@ struct LlExpected {
   int R = 0, E = 0, E_local = 0;
   int64_t C = 0;                                            // rows per local expert: R * T_max
   std::vector<ref::LlTokens> tokens;                        // per rank: x, topk_idx and the dispatch's weights
-  std::vector<ref::Matrix<float>> combine_weights;          // per rank: the naive order's weights (other values)
+  std::vector<ref::Matrix<float>> combine_weights;          // per rank: the weights given to combine: the naive
+                                                            // order's, and the local order's without dispatch
+                                                            // weights (other values than the dispatch's)
   std::vector<ref::Tensor3<uint16_t>> y;                    // per rank: the experts' outputs [E_local][C][H]
   std::vector<ref::LlRecv> recv;                            // per rank, canonical order
   std::vector<ref::Matrix<uint16_t>> out_local, out_naive;  // per rank [T][H]
@@ -129,10 +131,10 @@ inline void compute_ll_reference(const LlCase& c, LlExpected& x) {
   x.recv = ref::ll_dispatch(x.tokens, placement, c.T_max,
                             ref::LlDispatchOptions{uses_fp8(c), uses_round_scale(c), uses_ue8m0(c)});
   std::vector<ref::TopkIdx> idx;
-  std::vector<ref::Matrix<float>> weights;
-  for (const ref::LlTokens& t : x.tokens) {
-    idx.push_back(t.topk_idx);
-    weights.push_back(t.topk_weights);
+  std::vector<ref::Matrix<float>> weights;  // the local order's: the dispatch's, else the combine's
+  for (int r = 0; r < x.R; ++r) {
+    idx.push_back(x.tokens[r].topk_idx);
+    weights.push_back(c.dispatch_weights ? x.tokens[r].topk_weights : x.combine_weights[r]);
   }
   x.out_local = ref::ll_combine(x.y, x.recv, idx, weights, placement, ref::LlCombineOrder::local);
   x.out_naive = ref::ll_combine(x.y, x.recv, idx, x.combine_weights, placement, ref::LlCombineOrder::naive);
@@ -148,11 +150,9 @@ inline LlBufferOptions ll_buffer_options(const LlCase& c, const LlExpected& x) {
   return LlBufferOptions{c.T_max, c.roomy_buffer ? 7168 : c.H, c.roomy_buffer ? 16 : c.K, x.E};
 }
 
-// The orders a case's combine can run in: local needs the weights given to dispatch.
-inline std::vector<LlCombineOrder> ll_orders(const LlCase& c) {
-  if (c.dispatch_weights) return {LlCombineOrder::local, LlCombineOrder::naive};
-  return {LlCombineOrder::naive};
-}
+// Every case's combine runs in both orders (the local one with the weights given to dispatch, or
+// without dispatch weights with those given to combine).
+inline constexpr LlCombineOrder kLlOrders[] = {LlCombineOrder::local, LlCombineOrder::naive};
 
 inline const char* order_name(LlCombineOrder order) {
   return order == LlCombineOrder::local ? "combine out (local order)" : "combine out (naive order)";
@@ -253,12 +253,13 @@ inline LlDispatchArgs ll_dispatch_args(const LlCase& c, const LlRankInputs& in, 
   return a;
 }
 
-// y is the rank's whole packed [E_local * C][H]; the naive order gets the combine weights.
+// y is the rank's whole packed [E_local * C][H]; the naive order gets the combine weights, and so does
+// the local order where the dispatch had none.
 inline LlCombineArgs ll_combine_args(const LlCase& c, const LlExpected& x, const LlRankInputs& in, const LlOutputs& out,
                                      const LlHandle& handle, LlCombineOrder order) {
   LlCombineArgs a;
   a.y = TensorRef::matrix(in.y->data, ScalarType::bf16, int64_t(x.E_local) * x.C, c.H);
-  if (order == LlCombineOrder::naive) {
+  if (order == LlCombineOrder::naive || !c.dispatch_weights) {
     a.topk_weights = TensorRef::matrix(in.combine_weights->data, ScalarType::float32, c.T, c.K);
   }
   a.handle = handle;
@@ -467,7 +468,7 @@ inline void ll_exchange_and_check(const LlCase& c, const LlExpected& want, LlBuf
   EXPECT_EQ(d.handle.hidden, c.H) << "rank " << rank;
   EXPECT_EQ(d.handle.has_weights, c.dispatch_weights) << "rank " << rank;
   check_ll_dispatch(c, want, rank, out);
-  for (const LlCombineOrder order : ll_orders(c)) {
+  for (const LlCombineOrder order : kLlOrders) {
     poison(out.out, stream);
     submit_together([&] { buffer.combine(ll_combine_args(c, want, in, out, d.handle, order), Streams{stream}); });
     ASSERT_NO_FATAL_FAILURE(complete(team, stream));

@@ -56,9 +56,11 @@ class IdleRank {
 };
 
 // Ranks 0-2 of four mask rank 3, which makes no call: three rounds (both buffer sets) go on without
-// it. Bad mask arguments are refused first.
-TEST(LlMask, MaskedRankIsSkipped) {
-  const LlCase c = ll_small_case(4);
+// it. Bad mask arguments are refused first. With the weights given to dispatch, and to combine (whose
+// weights then go to every destination rank but the masked one).
+void masked_rank_is_skipped(bool dispatch_weights) {
+  LlCase c = ll_small_case(4);
+  c.dispatch_weights = dispatch_weights;
   const std::vector<bool> masked = {false, false, false, true};
   IdleRank idle(3);
   on_single_gpu_team(4, TeamOptions{}, [&](Team& team, cudaStream_t stream) {
@@ -84,6 +86,10 @@ TEST(LlMask, MaskedRankIsSkipped) {
     EXPECT_FALSE(team.failed());
   });
 }
+
+TEST(LlMask, MaskedRankIsSkipped) { masked_rank_is_skipped(true); }
+
+TEST(LlMask, MaskedRankIsSkippedWeightsGivenToCombine) { masked_rank_is_skipped(false); }
 
 // mask_on_timeout: rank 3 never calls; each other rank's first dispatch waits the team's timeout for
 // it, masks it and goes on; the outputs are those of the masked exchange (the sends of that first

@@ -1,9 +1,9 @@
 // LL calls in the ways users run them besides one plain call: captured once into a CUDA graph and
 // replayed with new inputs; a thousand calls in a row; split into send and receive steps, two in
 // flight; on the buffer's communication stream with events; with cumulative receive counters; with y
-// in the buffer's own combine area. Then what must fail, and how: bad arguments (refused before any
-// launch, naming the argument), an invalid expert id (reported by check_errors, counted as -1
-// meanwhile), a peer that never calls (a timeout naming the phase and the peer).
+// in the buffer's own combine area; with some ranks' weights given to combine. Then what must fail, and how: bad
+// arguments (refused before any launch, naming the argument), an invalid expert id (reported by check_errors, counted
+// as -1 meanwhile), a peer that never calls (a timeout naming the phase and the peer).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -54,6 +54,10 @@ struct Rig {
   }
   LlCombineArgs combine_args(int set, const LlHandle& handle, LlCombineOrder order) const {
     return ll_combine_args(c, x[set], in[set], out[set], handle, order);
+  }
+  // Input set `set`'s dispatch weights, as a tensor.
+  TensorRef dispatch_weights(int set) const {
+    return TensorRef::matrix(in[set].dispatch_weights->data, ScalarType::float32, c.T, c.K);
   }
 };
 
@@ -221,6 +225,39 @@ void combine_from_buffer(const LlCase& c, Team& team, cudaStream_t stream) {
   check_ll_combine(c, x, rank, rig.out[0], LlCombineOrder::local);
 }
 
+// (7) The home ranks' weights given to combine, on half the ranks: odd ranks give theirs to combine
+// (their dispatch has none), even ranks to dispatch, so an expert side takes some messages' weights
+// from the dispatch and awaits the others'. Six calls over three input sets, so that each buffer set
+// holds other weights from its previous use; every other call as send and receive steps (where a
+// rank's messages to itself take its weights through the buffer set too).
+void weights_given_to_combine(const LlCase& c, Team& team, cudaStream_t stream) {
+  constexpr int kCalls = 6, kSets = 3;
+  const int rank = team.rank();
+  const bool given_here = rank % 2 == 1;
+  Rig rig(c, team, kSets);
+  for (int i = 0; i < kCalls; ++i) {
+    const int set = i % kSets;
+    SCOPED_TRACE("call " + std::to_string(i));
+    poison_ll_outputs(rig.out[set], stream);
+    LlDispatchArgs a = rig.dispatch_args(set);
+    if (given_here) a.topk_weights = TensorRef{};
+    const LlDispatchResult d = rig.dispatch(a, Streams{stream});
+    EXPECT_EQ(d.handle.has_weights, !given_here) << "rank " << rank;
+    // The same values as the dispatch weights the reference's local order uses.
+    LlCombineArgs ca = rig.combine_args(set, d.handle, LlCombineOrder::local);
+    if (given_here) ca.topk_weights = rig.dispatch_weights(set);
+    ca.send_only = i % 2 == 1;
+    const LlCombineResult r = rig.combine(ca, Streams{stream});
+    if (ca.send_only) {
+      ASSERT_TRUE(r.receive) << "rank " << rank;
+      submit_together([&] { r.receive(); });
+    }
+    sync_and_check_errors(rig.buffer, stream);
+    check_ll_dispatch(c, rig.x[set], rank, rig.out[set]);
+    check_ll_combine(c, rig.x[set], rank, rig.out[set], LlCombineOrder::local);
+  }
+}
+
 class LlModes : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
@@ -244,12 +281,14 @@ TEST_P(LlModes, CumulativeReceiveCounts) { run(cumulative_counts); }
 
 TEST_P(LlModes, CombineReadsYFromCombineBuffer) { run(combine_from_buffer); }
 
+TEST_P(LlModes, LocalOrderWithWeightsGivenToCombine) { run(weights_given_to_combine); }
+
 // 0: one process per GPU; 4: four ranks on one GPU.
 INSTANTIATE_TEST_SUITE_P(Teams, LlModes, ::testing::Values(0, 4), [](const ::testing::TestParamInfo<int>& i) {
   return i.param == 0 ? std::string("World") : "SingleGpu" + std::to_string(i.param);
 });
 
-// (7) A bad argument throws epx::Error (invalid_argument) before anything is launched, with a message
+// (8) A bad argument throws epx::Error (invalid_argument) before anything is launched, with a message
 // holding every one of its words (expect_error).
 
 void refuse_bad_dispatch_arguments(Rig& rig, const Streams& on, int rank) {
@@ -325,6 +364,14 @@ void refuse_bad_combine_arguments(Rig& rig, const Streams& on, int rank) {
   refused(
       [&](LlCombineArgs& a) {
         a.handle = no_weights.handle;
+        a.order = LlCombineOrder::local;
+        a.topk_weights.cols = a.topk_weights.row_stride = rig.c.K + 1;
+      },
+      {"topk_weights"});
+  refused([](LlCombineArgs& a) { a.order = LlCombineOrder::local; }, {"local", "dispatch had topk_weights"});
+  refused(
+      [&](LlCombineArgs& a) {
+        a.handle = no_weights.handle;
         a.topk_weights = TensorRef{};
       },
       {"naive", "weights"});
@@ -380,7 +427,7 @@ TEST(LlValidation, BadArgumentsAreRefusedBeforeLaunch) {
   });
 }
 
-// (8) Rank 1's token 5 names `bad` in slot 0: the call goes on as if it were -1 (on the expert side
+// (9) Rank 1's token 5 names `bad` in slot 0: the call goes on as if it were -1 (on the expert side
 // and on rank 1 as home rank alike), and rank 1's check_errors names the token and slot.
 TEST(LlErrors, InvalidExpertIdIsReportedAndCountsAsEmpty) {
   LlCase c = ll_small_case(2);
@@ -412,7 +459,7 @@ TEST(LlErrors, InvalidExpertIdIsReportedAndCountsAsEmpty) {
   }
 }
 
-// (9) Rank 1 never calls: rank 0's dispatch waits at most the team's timeout, and check_errors (or, at
+// (10) Rank 1 never calls: rank 0's dispatch waits at most the team's timeout, and check_errors (or, at
 // the latest, the next call) reports a timeout naming the LL dispatch phase and rank 1.
 TEST(LlTimeout, AbsentPeerIsNamed) {
   const LlCase c = ll_small_case(2);

@@ -1,9 +1,10 @@
 // LL dispatch and combine against the CPU reference, on one process per GPU and on one GPU with 2, 4
 // and 8 ranks: BF16 and FP8 (plain, power-of-two scales, UE8M0; row- and column-major scales), int64
 // and int32 routing, uniform, Zipf and one-hot routings with -1 slots and repeated experts, T from 0
-// to T_max. Each case runs twice on one buffer (both buffer sets), outputs poisoned before every call;
-// combine runs in the local order (weights given to dispatch) and the naive one (weights given to
-// combine), each compared bit for bit with the reference.
+// to T_max. Each case runs three times on one buffer (both buffer sets), outputs poisoned before every
+// call; combine runs in the local order (with the weights given to dispatch, or in the cases without
+// dispatch weights with those given to combine) and the naive one (weights given to combine), each
+// compared bit for bit with the reference.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 

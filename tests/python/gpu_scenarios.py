@@ -365,6 +365,13 @@ def ll_dispatch_bf16_combine(ctx):
     assert hook is None and combined.shape == (x.size(0), HIDDEN) and combined.dtype == torch.bfloat16
     want = ref_ll_combine(inputs, ctx.rank, expert_scale)
     close(combined, want, "low_latency_combine")
+    # DeepEP's summation order, on request
+    ctx.ll.low_latency_combine_order = "naive"
+    try:
+        combined, _, _ = ctx.ll.low_latency_combine(y, topk, w, handle)
+    finally:
+        del ctx.ll.low_latency_combine_order  # the class's default again
+    close(combined, want, "low_latency_combine (naive order)")
     # out=, and zero copy through the buffer epx owns
     out = torch.empty_like(combined)
     combined, _, _ = ctx.ll.low_latency_combine(y, topk, w, handle, out=out)
@@ -508,6 +515,10 @@ def native_buffer(ctx):
         marks = torch.tensor([expert_scale(ctx.rank * E_LOCAL + e) for e in range(E_LOCAL)], device=x.device)
         c = buffer.ll_combine((d.recv_x.float() * marks[:, None, None]).bfloat16(), d.handle)
         close(c.out, ref_ll_combine(ll_inputs, ctx.rank, expert_scale), "epx ll_combine (local order)")
+        # without dispatch weights: combine takes them, in the local order too
+        d = buffer.ll_dispatch(lx, ltopk, use_fp8=False)
+        c = buffer.ll_combine((d.recv_x.float() * marks[:, None, None]).bfloat16(), d.handle, topk_weights=lw)
+        close(c.out, ref_ll_combine(ll_inputs, ctx.rank, expert_scale), "epx ll_combine (local, weights here)")
         buffer.check_errors()
 
 

@@ -28,6 +28,7 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
                          {a.headers, 8 * core::kLlHeaderWords * messages},
                          {a.payloads, row_line_bytes * messages},
                          {a.combine_rows, row_line_bytes * core::kLlSets * combine_slots * T},
+                         {a.combine_weights, 8 * messages * K},
                          {a.symmetric_bytes, 0}};
   const Area own[] = {{a.blocks_done, 4 * core::kLlOps},
                       {a.pending_freed, 8 * core::kLlOps},

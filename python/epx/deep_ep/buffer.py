@@ -101,6 +101,11 @@ class Buffer:
     """
 
     num_sms: int = 20
+    # LL combine's summation order (epx.LlBuffer.combine's `order`): "local" sums each rank's experts of a
+    # token on the expert side (the weights go there at the start of the call) and sends one row back per
+    # (token, rank); "naive" sends one row per (token, expert) and sums them in slot order on the home
+    # rank, as DeepEP does, with up to K / R times the bytes back over NVLink.
+    low_latency_combine_order: str = "local"
 
     def __init__(
         self,
@@ -633,10 +638,10 @@ class Buffer:
         combine_wait_recv_cost_stats=None,
     ):
         """LL combine: (combined_x [T, H] bf16, event, hook). out[t] = sum_k topk_weights[t][k] * x[expert k][row],
-        float32 accumulation, in the plain per-slot order (epx's naive order: DeepEP gives the weights only
-        here). topk_idx is the dispatch's (epx keeps the routing; its shape is checked). zero_copy is
-        accepted: epx reads x in place whatever it is. use_logfmt and combine_wait_recv_cost_stats are
-        not supported."""
+        float32 accumulation, in Buffer.low_latency_combine_order: by default epx's local order (the weights
+        go to the expert side, which sums each rank's experts of a token before sending). topk_idx is the
+        dispatch's (epx keeps the routing; its shape is checked). zero_copy is accepted: epx reads x in
+        place whatever it is. use_logfmt and combine_wait_recv_cost_stats are not supported."""
         if use_logfmt:
             raise NotImplementedError("epx: use_logfmt (LogFMT-compressed combine) is not implemented")
         if combine_wait_recv_cost_stats is not None:
@@ -657,7 +662,13 @@ class Buffer:
             )
         s = self._streams(None, async_finish, False)
         r = native.buffer.combine(
-            x, native, topk_weights=topk_weights, order="naive", out=out, send_only=return_recv_hook, streams=s
+            x,
+            native,
+            topk_weights=topk_weights,
+            order=self.low_latency_combine_order,
+            out=out,
+            send_only=return_recv_hook,
+            streams=s,
         )
         kept = (x, topk_idx, topk_weights, handle[0], handle[1], r.out)
         return r.out, EventOverlap(r.event, kept if async_finish else None), r.receive

@@ -6,11 +6,20 @@
 // lines (core::kLlLineBytes: 7 vectors of the row and a stamp vector holding ll_stamp(cseq), a warp's
 // store instruction writing 4 whole lines), so the home rank takes each line once its stamp shows:
 // there is no "ready" flag, no fence and no count.
+//   Weights (home me, local order, when my dispatch had none and this call was given them): first, per
+//   token t, for each valid slot k whose expert is on a rank r other than me and not masked now,
+//   word k of combine_weights(r, set, me, t) = the weight, stamped (core::LlWord), after the warp's
+//   "set is free" wait (send_weights). My dispatch's headers told every r that they will come
+//   (core::kLlWeightsAtCombine).
 //   Send (expert side me): per message (s, t) that dispatch received (its private record: slots,
 //   entry_rows, entry_weights) from a home rank s not masked now, split into items of 8 lines over
 //   warps; a warp waits until every peer has freed `set` before its first remote store:
 //     local: p = 0; for its slots k ascending: p = fmaf(weight_k, y[entry_rows_k], p); the BF16 of p
-//            goes to combine_row(s, set, me, t) (a slot repeating an expert counts again, with its weight);
+//            goes to combine_row(s, set, me, t) (a slot repeating an expert counts again, with its weight).
+//            weight_k is the record's, or where the record says the weights come with combine, s's:
+//            from p.weights if s = me, else word k of combine_weights(me, set, s, t), which the warp
+//            waits for (bounded, wait_for_words) once its first y loads are issued; if s is masked
+//            meanwhile, the message is dropped;
 //     naive: y[entry_rows_k] goes to combine_row(s, set, k, t) for every slot k.
 //   When the launch also runs the receive step (a call without send_only), the messages to me are not
 //   sent: the receive takes my own rows from y directly, the same values (own_rows_direct); in local
@@ -88,19 +97,66 @@ __device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, i
 }
 
 // What dispatch recorded of message (s, t) (its private record): its slots, and lane k's slot k packed
-// row and weight.
+// row and weight. Where the home rank s gives its weights to combine (local order; the record carries
+// core::kLlWeightsAtCombine), the weight is the home rank's: mine from p.weights when I am s, else one
+// to come in combine_weights (await_weights).
 struct MessageRecord {
   uint32_t slots;
   int32_t row_of_slot;
   float weight_of_slot;
+  bool weights_to_come;
 };
+
+// Whether this rank's weights come with its combine (local order: its dispatch had none).
+__device__ bool weights_given_here(const CombineParams& p) { return !p.naive && p.weights != nullptr; }
 
 __device__ MessageRecord load_record(const CombineParams& p, int s, int t) {
   const LlView& v = p.v;
   const int k = int(threadIdx.x % kWarp) % core::kLlMaxTopk;
-  if (k >= v.max_topk) return MessageRecord{*v.message_slots_of(p.dispatch_set, s, t), 0, 0.0f};  // past the record
-  return MessageRecord{*v.message_slots_of(p.dispatch_set, s, t), v.entry_rows_of(p.dispatch_set, s, t)[k],
-                       v.entry_weights_of(p.dispatch_set, s, t)[k]};
+  const uint32_t word = *v.message_slots_of(p.dispatch_set, s, t);
+  // My own message's flag is set exactly when my weights come here, so no load waits for the word.
+  const bool mine = s == v.team.rank && weights_given_here(p);
+  // The same on every lane (await_weights is the whole warp's).
+  const bool to_come = !p.naive && !mine && (word & core::kLlWeightsAtCombine) != 0u;
+  MessageRecord m{word & core::kLlSlotBits, 0, 0.0f, to_come};
+  if (k >= v.max_topk) return m;  // past the record
+  m.row_of_slot = v.entry_rows_of(p.dispatch_set, s, t)[k];
+  m.weight_of_slot = !mine        ? v.entry_weights_of(p.dispatch_set, s, t)[k]
+                     : k < p.topk ? p.weights[t * p.weights_row_stride + k]
+                                  : 0.0f;
+  return m;
+}
+
+// Lane k's load of word k of the weights home rank s sends me for token t (a slot of the message whose
+// weights are to come; else 0), issued before the warp's y loads so that the two round trips overlap.
+__device__ core::LlWord load_weight_word(const CombineParams& p, int s, int t, const MessageRecord& m) {
+  const int k = int(threadIdx.x % kWarp);
+  const bool wanted = m.weights_to_come && k < core::kLlMaxTopk && ((m.slots >> k) & 1u);
+  return wanted ? load_word(p.v.combine_weights_of(p.v.team.rank, p.set, s, t) + k) : 0u;
+}
+
+// The whole warp waits (wait_for_words) until lane k's `word` (load_weight_word), for each slot k of
+// message (s, t), carries the call's stamp, reloading what has not; then takes the weights into m.
+__device__ PeerWait await_weights(const CombineParams& p, int s, int t, uint32_t stamp, MessageRecord& m,
+                                  core::LlWord& word) {
+  const LlView& v = p.v;
+  const int k = int(threadIdx.x % kWarp);
+  const bool wanted = k < core::kLlMaxTopk && ((m.slots >> k) & 1u);
+  const core::LlWord* at = v.combine_weights_of(v.team.rank, p.set, s, t) + k;
+  const auto missing = [&] { return __ballot_sync(~0u, wanted && !core::stamped_in(word, stamp)); };
+  const PeerWait got = wait_for_words<true>(
+      v, s, stamp,
+      [&] {
+        if (wanted && !core::stamped_in(word, stamp)) word = load_word(at);
+        return missing() == 0u;
+      },
+      [&] { return __shfl_sync(~0u, word, max(__ffs(missing()) - 1, 0)); },
+      transport::WaitSite{transport::WaitPhase::ll_combine_weights, s, uint32_t(t)});
+  if (got == PeerWait::arrived) {
+    if (wanted) m.weight_of_slot = __uint_as_float(core::stamped_value(word));
+    m.weights_to_come = false;
+  }
+  return got;
 }
 
 // This lane's data columns of item g (line_col of its two lines; p.hidden for none: the stamp lanes).
@@ -121,8 +177,11 @@ __device__ void load_y(const CombineParams& p, int32_t row, const int (&col)[2],
 
 // Local order, the whole warp: this lane's vectors (at `col`) of message m's rows reduced, as BF16:
 // p = 0; for its slots k ascending: p = fmaf(weight_k, y[row_k], p). kRows rows' loads in flight at once.
-template <int kRows>
-__device__ void reduce_slots(const CombineParams& p, const MessageRecord& m, const int (&col)[2], uint4 (&sums)[2]) {
+// settle(m), once a batch's loads are issued and before its weights are used, returns false to give the
+// message up (await_weights did not end with the weights); reduce_slots then returns false.
+template <int kRows, typename Settle>
+__device__ bool reduce_slots(const CombineParams& p, MessageRecord& m, const int (&col)[2], uint4 (&sums)[2],
+                             Settle settle) {
   float acc[2][kColsPerVector] = {};
   for (uint32_t rest = m.slots; rest != 0u;) {
     int slot[kRows];
@@ -134,6 +193,7 @@ __device__ void reduce_slots(const CombineParams& p, const MessageRecord& m, con
       const int32_t row = __shfl_sync(~0u, m.row_of_slot, max(slot[b], 0));
       if (slot[b] >= 0) load_y(p, row, col, in[b]);
     }
+    if (!settle(m)) return false;
 #pragma unroll
     for (int b = 0; b < kRows; ++b) {
       const float w = __shfl_sync(~0u, m.weight_of_slot, max(slot[b], 0));
@@ -148,6 +208,7 @@ __device__ void reduce_slots(const CombineParams& p, const MessageRecord& m, con
   }
   sums[0] = to_bf16(acc[0]);
   sums[1] = to_bf16(acc[1]);
+  return true;
 }
 
 // One warp, part `part` of `parts` of message (s, t): its lines of the message's rows back to the home
@@ -159,9 +220,15 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
   const LlView& v = p.v;
   const int me = v.team.rank;
   const uint32_t stamp = core::ll_stamp(cseq);
-  const MessageRecord m = load_record(p, s, t);
+  MessageRecord m = load_record(p, s, t);
   const bool home_masked = is_masked(v, s);       // loaded with the record, not after it
   if (m.slots == 0u || home_masked) return true;  // no message from (s, t) in that dispatch, or s is masked
+  core::LlWord weight_word = load_weight_word(p, s, t, m);
+  PeerWait weights = PeerWait::arrived;
+  const auto settle = [&](MessageRecord& r) {
+    if (r.weights_to_come) weights = await_weights(p, s, t, stamp, r, weight_word);
+    return weights == PeerWait::arrived;
+  };
   if (!ensure_set_free<transport::TracePoint::ll_combine_free>(v, core::kLlCombine, p.set, cseq, free)) return false;
   sent = true;
   const int items = row_items(p);
@@ -177,11 +244,37 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
       }
       continue;
     }
-    reduce_slots<kRowsInFlight>(p, m, col, data);
+    // s masked while the warp awaited its weights: nothing more goes to s.
+    if (!reduce_slots<kRowsInFlight>(p, m, col, data, settle)) return weights != PeerWait::failed;
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_reduced>(v.team);
     store_item(p, v.combine_row(s, p.set, me, t), stamp, g, col, data);
   }
   return true;
+}
+
+// Local order with the weights given here (weights_given_here): token t's warp sends slot k's weight to
+// the rank r of slot k's expert (word k of combine_weights(r, set, me, t), stamped), for every r but me
+// (my own messages take mine from p.weights) not masked now, after the "set is free" wait. Tokens go one
+// per SM (warp 1 of CTA t) where they fit, before anything else the warp does: the expert side's
+// reduction waits for them. Gives up when the team failed (the rest of the call notices it too).
+__device__ void send_weights(const CombineParams& p, uint64_t cseq) {
+  const LlView& v = p.v;
+  const int k = int(threadIdx.x % kWarp), me = v.team.rank;
+  const uint32_t stamp = core::ll_stamp(cseq);
+  SetFree free = load_set_free(v, core::kLlCombine, p.set);
+  for (int t = first_work_item(p.num_tokens, int(blockIdx.x), 1, kWarps); t < p.num_tokens;
+       t += int(gridDim.x) * kWarps) {
+    const LlHomeToken* home = v.home_of(p.dispatch_set, t);
+    const bool valid = k < p.topk && ((home->slots >> k) & 1u);
+    const float weight = k < p.topk ? p.weights[t * p.weights_row_stride + k] : 0.0f;
+    const int r = valid ? home->slot_ranks[k] : me;
+    const bool send = r != me && !is_masked(v, r);
+    if (__any_sync(~0u, send) &&
+        !ensure_set_free<transport::TracePoint::ll_combine_free>(v, core::kLlCombine, p.set, cseq, free)) {
+      return;
+    }
+    if (send) store_word(v.combine_weights_of(r, p.set, me, t) + k, core::stamped(stamp, __float_as_uint(weight)));
+  }
 }
 
 // Whether this launch also runs the receive step: then the home rank takes its own rows (its tokens'
@@ -231,9 +324,9 @@ __device__ int first_receive_item(const CombineParams& p) { return first_item(re
 // reduced (zeros where dispatch brought me nothing from myself: slots 0), kRows rows' loads in flight.
 template <int kRows>
 __device__ void own_partial(const CombineParams& p, int t, const int (&col)[2], uint4 (&own)[2]) {
-  const MessageRecord mine = load_record(p, p.v.team.rank, t);
+  MessageRecord mine = load_record(p, p.v.team.rank, t);  // its weights are here (load_record)
   own[0] = own[1] = make_uint4(0u, 0u, 0u, 0u);
-  if (mine.slots != 0u) reduce_slots<kRows>(p, mine, col, own);
+  if (mine.slots != 0u) reduce_slots<kRows>(p, mine, col, own, [](MessageRecord&) { return true; });
 }
 
 // One warp: item g of out[t]. `masked`: the CTA's view of the mask when the step started; `own_ready`:
@@ -354,6 +447,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
   // Not the last CTA (unless it is the only one): it takes the first receive items (first_receive_item).
   if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlCombine);
   const uint64_t cseq = call_sequence(p.v, core::kLlCombine, p.set);
+  if (!kNaive && (p.phases & kSend) && weights_given_here(p)) send_weights(p, cseq);
   extern __shared__ uint4 early_own_shared[];  // kEarlyOwnBytes where early_own_rows(p)
   uint4(*own_first)[2] = reinterpret_cast<uint4(*)[2]>(early_own_shared);
   const bool early_own = !kNaive && own_rows_direct(p) && first_receive_item(p) < receive_items(p);  // early_own_rows

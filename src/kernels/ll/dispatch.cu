@@ -221,7 +221,8 @@ __device__ void write_headers(const DispatchParams& p, uint32_t stamp, int t, in
     const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
     const bool mine = rank == dest;
     const uint32_t slots = __ballot_sync(~0u, mine);
-    write_header(v.header(dest, p.set, v.team.rank, t), stamp, slots, r.first_of_expert & slots,
+    const uint32_t weights_at_combine = p.weights == nullptr ? core::kLlWeightsAtCombine : 0u;
+    write_header(v.header(dest, p.set, v.team.rank, t), stamp, slots | weights_at_combine, r.first_of_expert & slots,
                  mine ? r.local_expert : 0u, mine ? r.row : 0u, mine ? r.weight : 0u);
   }
 }
@@ -504,11 +505,12 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
 
 // One message's routing as lane k of a warp sees it (slot k): the packed row it expands to.
 struct MessageRows {
-  uint32_t slots;         // the message's slots (0: no message from this token this time)
-  uint32_t unique_slots;  // those that get a row of their own
-  int32_t row;            // lane k: packed row e * C + i of slot k (valid where slots has bit k)
-  float weight;           // lane k: slot k's weight
-  uint32_t* scales;       // lane k, FP8: the scales output of row (e, i) (column 0)
+  uint32_t slots;               // the message's slots (0: no message from this token this time)
+  uint32_t weights_at_combine;  // core::kLlWeightsAtCombine if the source's combine brings the weights, else 0
+  uint32_t unique_slots;        // those that get a row of their own
+  int32_t row;                  // lane k: packed row e * C + i of slot k (valid where slots has bit k)
+  float weight;                 // lane k: slot k's weight
+  uint32_t* scales;             // lane k, FP8: the scales output of row (e, i) (column 0)
 };
 
 // Waits (wait_for_words) until `word`, a load of *at made earlier (0: none yet), carries the call's
@@ -533,7 +535,7 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   using namespace core;
   const LlView& v = p.v;
   const int lane = threadIdx.x % kWarp, me = v.team.rank;
-  MessageRows m{0u, 0u, -1, 0.0f, nullptr};
+  MessageRows m{0u, 0u, 0u, -1, 0.0f, nullptr};
   failed = false;
   if (masked[s]) return m;
   // The manifest word and the header are loaded together and awaited together (the header only counts
@@ -573,7 +575,8 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   if (got != PeerWait::arrived || !sends_me()) return m;
   if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_header>(v.team);
   const int k = lane % kLlMaxTopk;
-  const uint32_t slots = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderSlots);
+  const uint32_t slots_word = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderSlots);
+  const uint32_t slots = slots_word & kLlSlotBits;
   const uint32_t unique_slots = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderUniqueSlots);
   const uint32_t expert_pair = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderExperts + k / 2);
   const uint32_t row_pair = __shfl_sync(~0u, core::stamped_value(words[0]), kLlHeaderBlockRows + k / 2);
@@ -583,6 +586,7 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   const int block_row = int16_t(row_pair >> (16 * (k % 2)));
   const float weight = __uint_as_float(kLlHeaderWeights + k < kWarp ? weight_here : weight_above);
   m.slots = slots;
+  m.weights_at_combine = slots_word & kLlWeightsAtCombine;
   m.unique_slots = unique_slots;
   bool ok = true;
   if ((slots >> lane) & 1u) {
@@ -678,7 +682,7 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
   if (failed) return false;
   if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_routed>(v.team);
   if (part == 0) {
-    if (lane == 0) *v.message_slots_of(p.set, s, t) = m.slots;
+    if (lane == 0) *v.message_slots_of(p.set, s, t) = m.slots | m.weights_at_combine;
     if ((m.slots >> lane) & 1u) {
       v.entry_rows_of(p.set, s, t)[lane] = m.row;
       v.entry_weights_of(p.set, s, t)[lane] = m.weight;

@@ -23,7 +23,7 @@ struct LlView {
   transport::TeamView team;
   transport::SymmetricView base;  // base.base[r]: rank r's symmetric allocation
   char* own;                      // this rank's private allocation
-  uint64_t freed, manifests, expert_counts, headers, payloads, combine_rows;
+  uint64_t freed, manifests, expert_counts, headers, payloads, combine_rows, combine_weights;
   uint64_t blocks_done, pending_freed, message_slots, entry_rows, entry_weights, home, rank_mask;
   int32_t max_tokens, hidden, max_topk, num_experts, combine_slots;
   core::Divisor by_local_experts;  // num_experts / team.nranks (its d): an expert's rank
@@ -65,6 +65,10 @@ struct LlView {
   __device__ uint4* combine_row(int owner, int set, int slot, int t) const {
     return reinterpret_cast<uint4*>(base.base[owner] + combine_rows) +
            ((int64_t(set) * combine_slots + slot) * max_tokens + t) * row_vectors();
+  }
+  // The weights of home rank src's token t at owner, [K_max] stamped words (a combine given weights).
+  __device__ core::LlWord* combine_weights_of(int owner, int set, int src, int t) const {
+    return reinterpret_cast<core::LlWord*>(base.base[owner] + combine_weights) + message(set, src, t) * max_topk;
   }
   // The private CTA counter of op's receive step (last_cta_records_freed).
   __device__ uint32_t* blocks_done_of(int op) const { return reinterpret_cast<uint32_t*>(own + blocks_done) + op; }
@@ -122,9 +126,9 @@ struct CombineParams {
   uint32_t phases;
   const uint16_t* y;
   int64_t y_row_stride;
-  int32_t hidden, num_tokens;
+  int32_t hidden, num_tokens, topk;
   bool naive;
-  const float* weights;  // naive: the home side's [T][K]
+  const float* weights;  // the home side's [T][K]: naive order, or local with the weights given here; else null
   int64_t weights_row_stride;
   uint16_t* out;
   int64_t out_row_stride;

@@ -37,6 +37,9 @@ enum class WaitPhase : uint32_t {
   ll_combine_recv,   // LL combine: waiting for an expert side's row lines (detail: the token; expected and
                      // observed: the line's stamp in the high half)
   ll_set_reuse,      // LL: waiting for a peer to finish reading a buffer set before writing it again
+  // LL combine: the expert side waiting for a home rank's weights (detail: the token; expected and
+  // observed: the words, core::LlWord)
+  ll_combine_weights,
 };
 
 // The record of the first wait of a team that expired. Lives in host-mapped memory, so the host can
