@@ -48,9 +48,15 @@
 //     kind two calls later; capture a send_only call and its receive step in the same graph. A combine's
 //     receive step reads its handle's routing, so it must also run while the handle lasts (before the
 //     dispatch two calls after the handle's).
+//   * A combine given the weights (local order, after a dispatch without them) sends them at the start
+//     of its sends, and the expert ranks' sends of the same call wait for them (bounded). So with
+//     weights given to combine, a rank's combine sends (a send_only call's included) wait until every
+//     rank whose tokens it received has started its combine, and a rank that stops calling makes its
+//     peers' current combine time out, not one two calls later.
 //   * dispatch writes the caller's outputs during its receive step; combine reads y during its sends
 //     (a call without send_only: during its one kernel, its receive step included) and writes out
-//     during its receive step. Rows past recv_count[e] are not written. A source with
+//     during its receive step. It reads topk_weights during its sends (local order) or its receive
+//     step (naive). Rows past recv_count[e] are not written. A source with
 //     no rows for expert e gets layout_range[e][s] = (rows of earlier sources, 0).
 // Every argument is checked before anything is launched; a bad one throws epx::Error naming it. What
 // only the device can see (an expert id outside [-1, E), an expired wait) is recorded and reported by
@@ -117,8 +123,8 @@ struct LlDispatchOutputs {
 struct LlDispatchArgs {
   TensorRef x;             // [T][H] bf16
   TensorRef topk_idx;      // [T][K] int64 or int32
-  TensorRef topk_weights;  // [T][K] float32, or empty. Given here, they travel with the token and the
-                           // local combine order can use them.
+  TensorRef topk_weights;  // [T][K] float32, or empty. Given here, they travel with the token (else
+                           // combine takes them, in either order).
   bool use_fp8 = true;
   bool round_scale = false;  // scales rounded up to powers of two (needs use_fp8)
   bool use_ue8m0 = false;    // scales packed as UE8M0 (needs round_scale and H % 512 == 0)

@@ -7,10 +7,13 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "epx/ll.hpp"
@@ -225,11 +228,24 @@ void combine_from_buffer(const LlCase& c, Team& team, cudaStream_t stream) {
   check_ll_combine(c, x, rank, rig.out[0], LlCombineOrder::local);
 }
 
+// Keeps one thread busy for `ns` nanoseconds (a rank that comes late to a call).
+__global__ void hold_kernel(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 // (7) The home ranks' weights given to combine, on half the ranks: odd ranks give theirs to combine
 // (their dispatch has none), even ranks to dispatch, so an expert side takes some messages' weights
 // from the dispatch and awaits the others'. Six calls over three input sets, so that each buffer set
 // holds other weights from its previous use; every other call as send and receive steps (where a
-// rank's messages to itself take its weights through the buffer set too).
+// rank's messages to itself take its weights through the buffer set too). The odd ranks start each
+// combine 1 ms late (a kernel holds their stream), so the others' expert sides find the previous use's
+// weights there first and must wait for this call's (on one hardware queue the hold may delay every
+// rank alike: the test still holds, it then just waits less).
 void weights_given_to_combine(const LlCase& c, Team& team, cudaStream_t stream) {
   constexpr int kCalls = 6, kSets = 3;
   const int rank = team.rank();
@@ -247,7 +263,10 @@ void weights_given_to_combine(const LlCase& c, Team& team, cudaStream_t stream) 
     LlCombineArgs ca = rig.combine_args(set, d.handle, LlCombineOrder::local);
     if (given_here) ca.topk_weights = rig.dispatch_weights(set);
     ca.send_only = i % 2 == 1;
-    const LlCombineResult r = rig.combine(ca, Streams{stream});
+    const LlCombineResult r = submit_together([&] {
+      if (given_here) hold_kernel<<<1, 1, 0, stream>>>(1'000'000);
+      return rig.buffer.combine(ca, Streams{stream});
+    });
     if (ca.send_only) {
       ASSERT_TRUE(r.receive) << "rank " << rank;
       submit_together([&] { r.receive(); });
@@ -399,6 +418,20 @@ TEST(LlValidation, BadArgumentsAreRefusedBeforeLaunch) {
     check_ll_dispatch(c, rig.x[0], rank, rig.out[0]);
     check_ll_combine(c, rig.x[0], rank, rig.out[0], LlCombineOrder::local);
 
+    // A rank with no tokens gives no weights, in either order (from Python a [0][K] tensor comes with no
+    // data pointer): accepted, and the calls run.
+    LlDispatchArgs no_tokens = rig.dispatch_args(0);
+    no_tokens.x.rows = no_tokens.topk_idx.rows = 0;
+    no_tokens.topk_weights = TensorRef{};
+    const LlDispatchResult empty = rig.dispatch(no_tokens, on);
+    for (const LlCombineOrder order : kLlOrders) {
+      LlCombineArgs a = rig.combine_args(0, empty.handle, order);
+      a.topk_weights = TensorRef{};
+      a.out.rows = 0;
+      rig.combine(a, on);
+    }
+    sync_and_check_errors(rig.buffer, stream);
+
     // A send_only combine's receive step reads its handle's routing: once the dispatch two calls after
     // the handle's has reused that buffer set, the step is refused.
     const LlDispatchResult routed = rig.dispatch(rig.dispatch_args(0), on);
@@ -474,6 +507,41 @@ TEST(LlTimeout, AbsentPeerIsNamed) {
     });
     EXPECT_TRUE(team.failed());
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  });
+}
+
+// (11) Both ranks dispatch without weights, then rank 1 never combines: rank 0's combine sends (alone,
+// send_only, so no receive wait competes) wait for rank 1's weights at most the team's timeout, and
+// the report names the weights and rank 1. Rank 1 keeps its buffer until rank 0 is done.
+TEST(LlTimeout, AbsentHomeRankOfTheWeightsIsNamed) {
+  const LlCase c = ll_small_case(2);
+  std::atomic<bool> done{false};
+  struct ReleaseRankOne {
+    std::atomic<bool>& done;
+    ~ReleaseRankOne() { done.store(true); }
+  };
+  on_single_gpu_team(2, TeamOptions{std::chrono::milliseconds(300)}, [&](Team& team, cudaStream_t stream) {
+    // Rank 0 lets rank 1 go on every way out, failed assertions included.
+    const auto release = team.rank() == 0 ? std::make_unique<ReleaseRankOne>(ReleaseRankOne{done}) : nullptr;
+    Rig rig(c, team, 1);
+    LlDispatchArgs a = rig.dispatch_args(0);
+    a.topk_weights = TensorRef{};
+    const LlDispatchResult d = rig.dispatch(a, Streams{stream});
+    sync_and_check_errors(rig.buffer, stream);
+    if (team.rank() == 1) {  // makes no call from here on
+      leave_rank_threads_meeting();
+      while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return;
+    }
+    LlCombineArgs ca = rig.combine_args(0, d.handle, LlCombineOrder::local);
+    ca.topk_weights = rig.dispatch_weights(0);
+    ca.send_only = true;
+    expect_error(ErrorKind::timeout, {"LL combine weights", "waiting for rank 1"}, [&] {
+      rig.buffer.combine(ca, Streams{stream});
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      rig.buffer.check_errors();
+    });
+    EXPECT_TRUE(team.failed());
   });
 }
 
