@@ -1,0 +1,438 @@
+// The LL dispatch's send step (its protocol: dispatch.cu). Included by dispatch.cu only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "kernels/common/topk.cuh"
+#include "kernels/ll/dispatch_shared.cuh"
+#include "transport/device/phase_trace.hpp"
+#include "transport/device/wait.cuh"
+
+namespace epx::kernels::ll {
+namespace {
+
+// `e`, the caller's top-k entry i of the flattened table (token i / K, slot i % K; from topk_at), as the
+// staged table holds it: an id outside [-1, E) counts as -1, and is recorded (the first on this rank)
+// when `record` is set. Read once per entry and CTA (see send).
+__device__ int16_t checked_expert(const DispatchParams& p, int64_t e, int i, bool record) {
+  if (e >= -1 && e < p.v.num_experts) return int16_t(e);
+  LlHostReport* report = p.v.host_report;
+  if (record && atomicCAS(&report->input_error, 0, 1) == 0) {
+    report->token = i / p.topk;  // divisions on the error path only
+    report->slot = i % p.topk;
+    report->value = e;
+  }
+  return -1;
+}
+
+// The scale rule of DESIGN.md §1.2 (reference/include/epx/reference/fp8_cast.hpp), with IEEE division.
+__device__ float fp8_scale(float amax, bool round_scale) {
+  float scale = fmaxf(amax, kAmaxFloor) / kE4m3Max;
+  if (round_scale) {
+    const uint32_t bits = __float_as_uint(scale);
+    if ((bits & 0x007FFFFFu) != 0u) scale = __uint_as_float((bits & 0x7F800000u) + 0x00800000u);
+  }
+  return scale;
+}
+
+__device__ void unpack_bf16(const uint4& v, float* out) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(w[i] << 16);
+    out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  }
+}
+
+// The largest magnitude of 8 BF16 columns (a NaN counts as 0, as fmaxf has it).
+__device__ float amax_of(const uint4& raw) {
+  float f[8];
+  unpack_bf16(raw, f);
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[i]));
+  return amax;
+}
+
+// 8 BF16 columns as FP8 E4M3 (8 bytes), multiplied by inv = 1 / scale.
+__device__ uint2 to_fp8(const uint4& raw, float inv) {
+  float f[8];
+  unpack_bf16(raw, f);
+  uint32_t words[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t q = __nv_cvt_float_to_fp8(__fmul_rn(f[4 * i + b], inv), __NV_SATFINITE, __NV_E4M3);
+      word |= q << (8 * b);
+    }
+    words[i] = word;
+  }
+  return make_uint2(words[0], words[1]);
+}
+
+// Lane k: how many of my tokens before t name slot k's expert (`expert`, -1: none), from the staged
+// table, for K <= kSlots. Lane i counts over tokens i, i + 32, ... below t, every slot of t at once and
+// with no cross-lane step (slot k's count in byte k % 4 of counts[k / 4]: at most kLlMaxTokens / 32 per
+// lane); the warp adds each slot's bytes at the end.
+template <int kSlots>
+__device__ int tokens_before_naming(const DispatchParams& p, const int16_t* experts, int t, int expert) {
+  static_assert(core::kLlMaxTokens / kWarp < 256, "a lane's count of one slot fits in a byte");
+  const int lane = threadIdx.x % kWarp, K = p.topk;
+  int32_t x[kSlots];  // t's experts, on every lane (-1: none)
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) x[k] = __shfl_sync(~0u, expert, k);
+  uint32_t counts[kSlots / 4] = {};
+  for (int u = lane; u < t; u += kWarp) {
+    int32_t theirs[kSlots];
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) theirs[j] = j < K ? experts[u * K + j] : -1;
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      bool names = false;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) names |= theirs[j] == x[k];
+      counts[k / 4] += uint32_t(names && x[k] >= 0) << (8 * (k % 4));
+    }
+  }
+  int before = 0;
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    const int total = int(__reduce_add_sync(~0u, (counts[k / 4] >> (8 * (k % 4))) & 0xFFu));
+    if (lane == k) before = total;
+  }
+  return before;
+}
+
+// The whole warp stores a header's kLlHeaderWords stamped words (see core::kLlHeaderSlots). Lane k holds
+// slot k's expert and block row (16 bits each) and weight bits, 0 for a slot not in `slots`.
+__device__ void write_header(LlWord* header, uint32_t stamp, uint32_t slots, uint32_t unique_slots, uint32_t expert,
+                             uint32_t block_row, uint32_t weight) {
+  using namespace core;
+  const int lane = threadIdx.x % kWarp;
+  // Lane w stores word w, and lanes w < kLlHeaderWords - 32 word 32 + w too (weights). Every lane takes
+  // part in every shuffle; a lane uses only the values of its word's kind.
+  const int pair = lane < kLlHeaderBlockRows ? lane - kLlHeaderExperts : lane - kLlHeaderBlockRows;
+  const int even = (2 * max(pair, 0)) & (kWarp - 2);
+  const uint32_t expert_lo = __shfl_sync(~0u, expert, even), expert_hi = __shfl_sync(~0u, expert, even + 1);
+  const uint32_t row_lo = __shfl_sync(~0u, block_row, even), row_hi = __shfl_sync(~0u, block_row, even + 1);
+  const uint32_t weight_here = __shfl_sync(~0u, weight, (lane - kLlHeaderWeights) & (kWarp - 1));
+  const uint32_t weight_above = __shfl_sync(~0u, weight, (lane + kWarp - kLlHeaderWeights) & (kWarp - 1));
+  uint32_t word = weight_here;
+  if (lane == kLlHeaderSlots)
+    word = slots;
+  else if (lane == kLlHeaderUniqueSlots)
+    word = unique_slots;
+  else if (lane < kLlHeaderBlockRows)
+    word = expert_lo | expert_hi << 16;
+  else if (lane < kLlHeaderWeights)
+    word = row_lo | row_hi << 16;
+  store_word(header + lane, core::stamped(stamp, word));
+  if (lane < kLlHeaderWords - kWarp) store_word(header + kWarp + lane, core::stamped(stamp, weight_above));
+}
+
+// What a routing item of token t writes: the headers (one per destination rank) and the home record.
+// Lane k: slot k. Computed before the warp's "set is free" check.
+struct Routing {
+  uint32_t first_of_expert;            // the slots that get a row of their own (the first naming their expert)
+  uint32_t local_expert, row, weight;  // lane k: slot k's header fields (0 for a slot without a rank)
+};
+
+// `weight`: lane k's load of slot k's weight bits (lanes >= K: anything).
+__device__ Routing token_routing(const DispatchParams& p, const int16_t* experts, int t, int expert, int rank,
+                                 uint32_t weight) {
+  const LlView& v = p.v;
+  const int lane = threadIdx.x % kWarp;
+  const uint32_t same_expert = __match_any_sync(~0u, expert);
+  const int block_row = p.topk <= 8 ? tokens_before_naming<8>(p, experts, t, expert)
+                                    : tokens_before_naming<core::kLlMaxTopk>(p, experts, t, expert);
+  const bool valid = rank >= 0;
+  return Routing{__ballot_sync(~0u, valid && lane == __ffs(same_expert) - 1),
+                 valid ? uint16_t(int16_t(expert - rank * v.experts_per_rank())) : 0u,
+                 valid ? uint16_t(int16_t(block_row)) : 0u, valid && p.weights != nullptr ? weight : 0u};
+}
+
+// Token t's headers, one per destination rank; `leaders`: the lowest lane of each destination rank.
+__device__ void write_headers(const DispatchParams& p, uint32_t stamp, int t, int rank, uint32_t leaders,
+                              const Routing& r) {
+  const LlView& v = p.v;
+  for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
+    const int dest = __shfl_sync(~0u, rank, __ffs(rest) - 1);
+    const bool mine = rank == dest;
+    const uint32_t slots = __ballot_sync(~0u, mine);
+    const uint32_t weights_at_combine = p.weights == nullptr ? core::kLlWeightsAtCombine : 0u;
+    write_header(v.header(dest, p.set, v.team.rank, t), stamp, slots | weights_at_combine, r.first_of_expert & slots,
+                 mine ? r.local_expert : 0u, mine ? r.row : 0u, mine ? r.weight : 0u);
+  }
+}
+
+// Token t's home record (local, for combine).
+__device__ void write_home(const DispatchParams& p, int t, int rank, uint32_t leaders) {
+  const int lane = threadIdx.x % kWarp;
+  const bool leader = (leaders >> lane) & 1u;
+  const uint32_t valid_slots = __ballot_sync(~0u, rank >= 0);
+  int position = 0;  // among the destination ranks, ascending
+  for (uint32_t rest = leaders; rest != 0u; rest &= rest - 1u) {
+    const int other = __shfl_sync(~0u, rank, __ffs(rest) - 1);
+    position += leader && other < rank;
+  }
+  LlHomeToken* home = p.v.home_of(p.set, t);
+  if (leader) home->ranks[position] = int8_t(rank);
+  if (lane < core::kLlMaxTopk) home->slot_ranks[lane] = int8_t(rank);
+  if (lane == 0) {
+    home->num_ranks = __popc(leaders);
+    home->slots = valid_slots;
+  }
+}
+
+// Lane k < K: the bits of token t's slot k weight, if the call has weights (a load the caller issues
+// early, see send).
+__device__ uint32_t load_weight(const DispatchParams& p, int t) {
+  const int lane = threadIdx.x % kWarp;
+  return p.weights != nullptr && lane < p.topk ? __float_as_uint(p.weights[t * p.weights_row_stride + lane]) : 0u;
+}
+
+// One warp: this lane's vectors of item g of token t's row as they go on the wire (the stamp vectors
+// included). FP8: the lanes of a group reduce its amax in shared memory (a group spans lanes of both
+// instructions), and line 8 g + j's stamp vector carries group 7 g + j's scale (j < 7). Needs no
+// routing, so a warp does it for its first item before the top-k table is staged.
+template <bool kFp8>
+__device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g, uint4 (&x)[2]) {
+  const int vector = line_vector(), bytes = row_bytes<kFp8>(p);
+  const uint16_t* row = p.x + t * p.x_row_stride;
+  int line[2], byte[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    line[j] = item_line(g, j);
+    byte[j] = vector < kDataVectors ? line_byte(line[j]) : bytes;  // the stamp lane loads nothing
+  }
+  if (!kFp8) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      x[j] = vector == kDataVectors ? make_uint4(stamp, 0u, 0u, 0u)
+             : byte[j] < bytes      ? *reinterpret_cast<const uint4*>(row + byte[j] / 2)
+                                    : make_uint4(0u, 0u, 0u, 0u);
+    }
+    return;
+  }
+  // FP8: this lane's 16 columns (byte = column) as two vectors of 8 BF16 columns each.
+  __shared__ uint32_t group_amax[kWarps][kItemGroups];  // float bits (>= 0: they order as the floats)
+  uint32_t* amax = group_amax[threadIdx.x / kWarp];
+  uint4 raw[2][2] = {};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if (byte[j] >= bytes) continue;
+    raw[j][0] = *reinterpret_cast<const uint4*>(row + byte[j]);
+    raw[j][1] = *reinterpret_cast<const uint4*>(row + byte[j] + 8);
+  }
+  const int lane = threadIdx.x % kWarp, item_byte = kLinesPerItem * core::kLlLineDataBytes * g;
+  if (lane < kItemGroups) amax[lane] = 0u;
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if (byte[j] < bytes)
+      atomicMax(&amax[(byte[j] - item_byte) / kGroup], __float_as_uint(fmaxf(amax_of(raw[j][0]), amax_of(raw[j][1]))));
+  }
+  __syncwarp();
+  const int groups = p.hidden / kGroup;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if (vector == kDataVectors) {
+      const int k = line[j] % kLinesPerItem, group = kItemGroups * g + k;
+      const bool carries = k < kItemGroups && group < groups;
+      const float scale = carries ? fp8_scale(__uint_as_float(amax[k]), p.round_scale) : 0.0f;
+      x[j] = make_uint4(stamp, __float_as_uint(scale), 0u, 0u);
+    } else if (byte[j] < bytes) {
+      const float scale = fp8_scale(__uint_as_float(amax[(byte[j] - item_byte) / kGroup]), p.round_scale);
+      const float inv = 1.0f / scale;
+      const uint2 lo = to_fp8(raw[j][0], inv), hi = to_fp8(raw[j][1], inv);
+      x[j] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    } else {
+      x[j] = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  __syncwarp();  // every lane has read the amax before the warp's next item resets it
+}
+
+// Before a warp's first remote store of the call: the set is free at every peer (ensure_set_free).
+__device__ bool set_free(const DispatchParams& p, uint64_t seq, SetFree& free) {
+  return ensure_set_free<transport::TracePoint::ll_dispatch_free>(p.v, core::kLlDispatch, p.set, seq, free);
+}
+
+// Lane k < K: slot k's expert (-1: none) and its rank (-1: none); `leaders`: the lowest lane of each
+// destination rank of token t, from the staged table.
+struct TokenRanks {
+  int expert;
+  int rank;
+  uint32_t leaders;
+};
+__device__ TokenRanks token_ranks(const DispatchParams& p, const int16_t* experts, int t) {
+  const int lane = threadIdx.x % kWarp;
+  const int expert = lane < p.topk ? experts[t * p.topk + lane] : -1;
+  const int rank = expert >= 0 ? int(p.v.by_local_experts.quotient(uint32_t(expert))) : -1;
+  const uint32_t same_rank = __match_any_sync(~0u, rank);
+  return TokenRanks{expert, rank, __ballot_sync(~0u, rank >= 0 && lane == __ffs(same_rank) - 1)};
+}
+
+// One warp: token t's routing, its headers to every destination rank and its home record. `weight`:
+// load_weight's. Returns false when the team failed.
+__device__ bool send_routing(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, uint32_t weight,
+                             SetFree& free) {
+  const TokenRanks to = token_ranks(p, experts, t);
+  const Routing routing = token_routing(p, experts, t, to.expert, to.rank, weight);
+  if (!set_free(p, seq, free)) return false;
+  write_headers(p, core::ll_stamp(seq), t, to.rank, to.leaders, routing);
+  write_home(p, t, to.rank, to.leaders);
+  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_routing>(p.v.team);
+  return true;
+}
+
+// One warp: item g of token t (its vectors `x`, load_item) to every destination rank. Returns false when
+// the team failed.
+template <bool kFp8>
+__device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int g,
+                          const uint4 (&x)[2], SetFree& free) {
+  const TokenRanks to = token_ranks(p, experts, t);
+  if (!set_free(p, seq, free)) return false;
+  const int lines = row_lines<kFp8>(p);
+  for (uint32_t rest = to.leaders; rest != 0u; rest &= rest - 1u) {
+    const int dest = __shfl_sync(~0u, to.rank, __ffs(rest) - 1);
+    store_lines(p.v.payload(dest, p.set, p.v.team.rank, t), 2 * g, lines, x);
+  }
+  return true;
+}
+
+// ---- Send: counts and manifests ----
+// The last CTA counts my tokens per expert (a token naming one expert in two slots counts once) and writes
+// each unmasked rank's counts, [E_local] stamped words, to expert_counts(rank, set, me); then every word
+// of each unmasked rank's manifest (which of my tokens send it a message). Returns false when the team
+// failed.
+__device__ bool send_counts_and_manifests(const DispatchParams& p, const int16_t* experts, const bool* masked,
+                                          int32_t* counts, uint64_t seq, SetFree& free) {
+  const LlView& v = p.v;
+  const int K = p.topk, lane = threadIdx.x % kWarp, E_local = v.experts_per_rank();
+  const uint32_t stamp = core::ll_stamp(seq);
+  for (int e = threadIdx.x; e < v.num_experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < p.num_tokens * K; i += blockDim.x) {
+    const int e = experts[i];
+    bool repeated = false;
+    for (int j = int(p.by_topk.quotient(uint32_t(i))) * K; j < i; ++j) repeated |= experts[j] == e;
+    if (e >= 0 && !repeated) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  if (!set_free(p, seq, free)) return false;
+  for (int e = threadIdx.x; e < v.num_experts; e += blockDim.x) {
+    const int r = int(v.by_local_experts.quotient(uint32_t(e)));
+    if (!masked[r])
+      store_word(v.expert_counts_of(r, p.set, v.team.rank) + (e - r * E_local), core::stamped(stamp, counts[e]));
+  }
+  // Manifests: a warp per (rank, word); lane i looks at token 32 j + i.
+  const int words = core::ll_manifest_words(v.max_tokens);
+  for (int item = threadIdx.x / kWarp; item < v.team.nranks * words; item += kWarps) {
+    const int r = item / words, j = item % words, t = j * kWarp + lane;
+    if (masked[r]) continue;
+    bool sends = false;
+    for (int k = 0; t < p.num_tokens && k < K; ++k) {
+      const int e = experts[t * K + k];
+      sends |= e >= 0 && int(v.by_local_experts.quotient(uint32_t(e))) == r;
+    }
+    const uint32_t bits = __ballot_sync(~0u, sends);
+    if (lane == 0) store_word(v.manifest_of(r, p.set, v.team.rank) + j, core::stamped(stamp, bits));
+  }
+  return true;
+}
+
+// Dynamic shared memory of the send step: my experts [T][K] (int16, -1 for none or an invalid id),
+// then (the counting CTA) int32 counts [E].
+__host__ __device__ inline std::size_t experts_table_bytes(int num_tokens, int topk) {
+  return (std::size_t(num_tokens) * topk * sizeof(int16_t) + 15) / 16 * 16;
+}
+
+// `masked`: the CTA's view of the mask, set here (the receive step of the same launch reads it too).
+template <bool kFp8>
+__device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
+  extern __shared__ int4 send_shared[];
+  int16_t* experts = reinterpret_cast<int16_t*>(send_shared);
+  int32_t* counts =
+      reinterpret_cast<int32_t*>(reinterpret_cast<char*>(send_shared) + experts_table_bytes(p.num_tokens, p.topk));
+  const LlView& v = p.v;
+  // Work: T routing items (a token's headers and home record), then the send items (token, 8 lines of
+  // its row), dealt to the warps in turn. With the default grid every warp has one or two, and the
+  // routing items land on the first warps: where the work does not exceed the warps (FP8 at T = 128 on
+  // 132 SMs) those have no lines to send, so the headers, which every receive of a message waits for,
+  // do not queue behind lines; else the first warps take a send item after their routing item. (Routing
+  // as the first of a token's items, before its lines, left them last: their warps' stores went out
+  // ~3 us after the others'.) Where the work fits in one warp per CTA (FP8 at H = 7168 on 132 SMs: T <= 14),
+  // item i goes to warp 0 of CTA i instead (first_work_item): a cast and its CTA's staging barrier then
+  // wait for no other item (T = 1, 2026-11-23: FP8 12.7 -> 11.9 us). A warp's first work is loaded (a
+  // send item: and cast) before the table is staged, with the peers' freed flags.
+  const uint32_t stamp = core::ll_stamp(seq);
+  const int per_row = int(p.by_row_items.d), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
+  const int warps = gridDim.x * kWarps, first = first_work_item(work, int(blockIdx.x), 0, kWarps);
+  SetFree free = load_set_free(v, core::kLlDispatch, p.set);
+  // The table's first entries (kEarlyEntries per thread) and the rank mask are loaded before the warp's
+  // first work, so that their round trips overlap its loads instead of following them (kThreads >=
+  // kMaxNvlinkRanks: one rank per thread).
+  const int entries = p.num_tokens * p.topk;
+  const auto entry = [&](int i) {  // entry i of the caller's table, flattened (token i / K, slot i % K)
+    const auto [t, k] = p.by_topk.split(uint32_t(i));
+    return topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, int(t), int(k));
+  };
+  int64_t early[kEarlyEntries];
+#pragma unroll
+  for (int j = 0; j < kEarlyEntries; ++j) {
+    const int i = threadIdx.x + j * blockDim.x;
+    early[j] = i < entries ? entry(i) : -1;
+  }
+  const bool rank_masked = int(threadIdx.x) < v.team.nranks && is_masked(v, threadIdx.x);
+  uint32_t weight = first < routing ? load_weight(p, first) : 0u;
+  uint4 vectors[2] = {};
+  if (first >= routing && first < work) {
+    const auto [t, g] = p.by_row_items.split(uint32_t(first - routing));
+    load_item<kFp8>(p, stamp, int(t), int(g), vectors);
+    if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_loaded>(v.team);
+  }
+  // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
+  // become -1 in a second pass (only when a rank is masked).
+  const auto stage = [&](int i, int64_t e) { experts[i] = checked_expert(p, e, i, blockIdx.x == 0); };
+#pragma unroll
+  for (int j = 0; j < kEarlyEntries; ++j) {
+    const int i = threadIdx.x + j * blockDim.x;
+    if (i < entries) stage(i, early[j]);
+  }
+  for (int i = threadIdx.x + kEarlyEntries * blockDim.x; i < entries; i += blockDim.x) stage(i, entry(i));
+  if (int(threadIdx.x) < v.team.nranks) masked[threadIdx.x] = rank_masked;
+  // Its barrier also publishes the table and the mask (which the receive step of a launch with both
+  // steps reads with no barrier of its own: every thread of every CTA passes this one).
+  if (__syncthreads_or(rank_masked)) {
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
+      if (experts[i] >= 0 && masked[v.by_local_experts.quotient(uint32_t(experts[i]))]) experts[i] = -1;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_staged>(v.team);
+  const bool counting = blockIdx.x == gridDim.x - 1;
+  bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
+  if (counting && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_counts_sent>(v.team);
+  bool sent_lines = false;  // for the phase trace
+  for (int i = first; ok && i < work; i += warps) {
+    if (i < routing) {
+      if (i != first) weight = load_weight(p, i);
+      ok = send_routing(p, experts, seq, i, weight, free);
+      continue;
+    }
+    const auto [t, g] = p.by_row_items.split(uint32_t(i - routing));
+    if (i != first) load_item<kFp8>(p, stamp, int(t), int(g), vectors);
+    ok = send_item<kFp8>(p, experts, seq, int(t), int(g), vectors, free);
+    sent_lines = ok;
+  }
+  if (sent_lines && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
+}
+
+}  // namespace
+}  // namespace epx::kernels::ll

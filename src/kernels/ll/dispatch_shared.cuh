@@ -1,0 +1,42 @@
+// What the LL dispatch's two steps share (dispatch.cu holds the protocol and the kernel; the send step is
+// in dispatch_send.cuh, the receive step in dispatch_receive.cuh). Included by dispatch.cu only: its
+// definitions have internal linkage, one copy in that translation unit.
+#pragma once
+
+#include <cstdint>
+
+#include "core/ll_areas.hpp"
+#include "kernels/common/grid.cuh"
+#include "kernels/ll/ll_view.hpp"
+#include "kernels/ll/protocol.cuh"
+
+namespace epx::kernels::ll {
+namespace {
+
+constexpr int kThreads = 512;
+static_assert(kThreads >= kMaxNvlinkRanks, "send() loads one rank's mask per thread");
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kGroup = 128;  // columns per FP8 scale
+// A send item is 8 lines of one token's row (protocol.cuh's items): for FP8, 7 whole scale groups.
+constexpr int kItemGroups = kLinesPerItem * core::kLlLineDataBytes / kGroup;
+static_assert(kItemGroups * kGroup == kLinesPerItem * core::kLlLineDataBytes, "an item holds whole FP8 groups");
+constexpr int kLineBatch = 4;     // line instructions (16 lines) each receiving warp loads before it stores
+constexpr int kEarlyEntries = 2;  // top-k entries each thread loads before its warp's first work (send)
+constexpr float kAmaxFloor = 1e-4f;
+constexpr float kE4m3Max = 448.0f;
+
+using core::LlHomeToken;
+using core::LlWord;
+
+// The call's rows as lines: FP8 H bytes, or BF16 2 H (send items of kLinesPerItem lines: by_row_items).
+template <bool kFp8>
+__device__ int row_bytes(const DispatchParams& p) {
+  return kFp8 ? p.hidden : 2 * p.hidden;
+}
+template <bool kFp8>
+__device__ int row_lines(const DispatchParams& p) {
+  return core::ll_row_lines(row_bytes<kFp8>(p));
+}
+
+}  // namespace
+}  // namespace epx::kernels::ll
