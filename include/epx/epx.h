@@ -307,12 +307,13 @@ typedef struct epx_ll_dispatch_args {
   int32_t use_fp8, round_scale, use_ue8m0;
   int32_t send_only; /* 1: the result carries a receive step */
   epx_ll_dispatch_outputs out;
-  int32_t* cumulative_recv_count; /* [in, optional] [E_local]: receive counts are added to it */
+  int32_t* cumulative_recv_count;  /* [in, optional] [E_local]: receive counts are added to it */
+  int64_t* cumulative_wait_cycles; /* [in, optional] [R]: LlDispatchArgs::cumulative_wait_cycles */
 } epx_ll_dispatch_args;
 #define EPX_LL_DISPATCH_ARGS_INIT                                                                \
   {                                                                                              \
     sizeof(epx_ll_dispatch_args), EPX_TENSOR_NONE, EPX_TENSOR_NONE, EPX_TENSOR_NONE, 1, 0, 0, 0, \
-        EPX_LL_DISPATCH_OUTPUTS_NONE, NULL                                                       \
+        EPX_LL_DISPATCH_OUTPUTS_NONE, NULL, NULL                                                 \
   }
 
 typedef struct epx_ll_dispatch_result {
@@ -338,12 +339,13 @@ typedef struct epx_ll_combine_args {
   epx_ll_handle handle;
   int32_t order; /* epx_ll_combine_order */
   int32_t send_only;
-  epx_tensor out; /* [T][H] bf16, caller-allocated */
+  epx_tensor out;                  /* [T][H] bf16, caller-allocated */
+  int64_t* cumulative_wait_cycles; /* [in, optional] [R]: LlCombineArgs::cumulative_wait_cycles */
 } epx_ll_combine_args;
 #define EPX_LL_COMBINE_ARGS_INIT                                                                                \
   {                                                                                                             \
     sizeof(epx_ll_combine_args), EPX_TENSOR_NONE, EPX_TENSOR_NONE, EPX_LL_HANDLE_NONE, EPX_LL_COMBINE_LOCAL, 0, \
-        EPX_TENSOR_NONE                                                                                         \
+        EPX_TENSOR_NONE, NULL                                                                                   \
   }
 
 typedef struct epx_ll_combine_result {

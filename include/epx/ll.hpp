@@ -131,6 +131,10 @@ struct LlDispatchArgs {
   LlDispatchOutputs out;
   int32_t* cumulative_recv_count = nullptr;  // [E_local] or null: receive counts are added to it
   bool send_only = false;                    // return after the sends; the caller runs `receive` later
+  // [R] or null: per source rank, the SM clock cycles (clock64) this rank's warps spent waiting for that
+  // rank's data are added to it (a warp that finds the data there adds nothing). For spotting a slow
+  // rank (DeepEP's dispatch_wait_recv_cost_stats); one atomic add per warp that waited.
+  int64_t* cumulative_wait_cycles = nullptr;
 };
 
 // What combine needs to know about a dispatch (a small value; copy it freely).
@@ -158,6 +162,9 @@ struct LlCombineArgs {
   LlCombineOrder order = LlCombineOrder::local;
   TensorRef out;  // [T][H] bf16, dense rows, 16-byte aligned
   bool send_only = false;
+  // [R] or null: as LlDispatchArgs::cumulative_wait_cycles, per expert-side rank (its rows; with the
+  // weights given here, also the expert side's waits for this rank's weights, on that rank).
+  int64_t* cumulative_wait_cycles = nullptr;
 };
 
 struct LlCombineResult {

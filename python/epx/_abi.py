@@ -227,6 +227,7 @@ class LlDispatchArgs(Sized):
         ("send_only", c_int32),
         ("out", LlDispatchOutputs),
         ("cumulative_recv_count", c_void_p),
+        ("cumulative_wait_cycles", c_void_p),
     ]
 
 
@@ -243,6 +244,7 @@ class LlCombineArgs(Sized):
         ("order", c_int32),
         ("send_only", c_int32),
         ("out", Tensor),
+        ("cumulative_wait_cycles", c_void_p),
     ]
 
 

@@ -19,6 +19,18 @@ from .team import Team
 _ORDERS = {"local": _abi.LL_COMBINE_LOCAL, "naive": _abi.LL_COMBINE_NAIVE}
 
 
+def _counter_ptr(tensor, name: str, dtype, size: int, device: int) -> Optional[int]:
+    """The address of an optional 1-D counter tensor the library adds to, after checking it."""
+    if tensor is None:
+        return None
+    check_device(tensor, name, device)
+    if tensor.dtype != dtype or tensor.dim() != 1 or tensor.numel() != size or not tensor.is_contiguous():
+        raise ValueError(
+            f"epx: {name} must be a contiguous {dtype} [{size}], got {tensor.dtype} {tuple(tensor.shape)}"
+        )
+    return tensor.data_ptr()
+
+
 def ll_options(
     max_tokens_per_rank: int,
     hidden: int,
@@ -200,12 +212,15 @@ class LlBuffer(BufferBase):
         use_ue8m0: bool = False,
         scales_column_major: bool = True,
         cumulative_recv_count=None,
+        cumulative_wait_cycles=None,
         send_only: bool = False,
         streams: Optional[CallStreams] = None,
         **stream_args,
     ) -> LlDispatchResult:
         """Collective. With topk_weights the weights travel with the tokens; without them, combine takes
-        them (in either order)."""
+        them (in either order). cumulative_recv_count (int32 [E_local]) gets each call's receive counts
+        added; cumulative_wait_cycles (int64 [R]) the clock cycles this rank's warps waited for each
+        source rank's data."""
         s = streams or self.streams(**stream_args)
         if send_only and s.async_op:
             raise ValueError(
@@ -216,13 +231,10 @@ class LlBuffer(BufferBase):
         x_ref = as_matrix(x, "x", device)
         topk_ref = as_matrix(topk_idx, "topk_idx", device)
         weights_ref = as_optional_matrix(topk_weights, "topk_weights", device)
-        if cumulative_recv_count is not None:
-            check_device(cumulative_recv_count, "cumulative_recv_count", device)
-            if cumulative_recv_count.dtype != torch().int32 or cumulative_recv_count.numel() != self.num_local_experts:
-                raise ValueError(
-                    f"epx: cumulative_recv_count must be int32 [{self.num_local_experts}], got "
-                    f"{cumulative_recv_count.dtype} {tuple(cumulative_recv_count.shape)}"
-                )
+        recv_count_ptr = _counter_ptr(
+            cumulative_recv_count, "cumulative_recv_count", torch().int32, self.num_local_experts, device
+        )
+        wait_cycles_ptr = _counter_ptr(cumulative_wait_cycles, "cumulative_wait_cycles", torch().int64, self.team.size, device)
         recv_x, scales, recv_count, src_idx, layout_range = self.allocate_outputs(
             s, x.size(1), use_fp8, use_ue8m0, scales_column_major
         )
@@ -245,14 +257,26 @@ class LlBuffer(BufferBase):
                 src_idx.data_ptr(),
                 layout_range.data_ptr(),
             ),
-            cumulative_recv_count=cumulative_recv_count.data_ptr() if cumulative_recv_count is not None else None,
+            cumulative_recv_count=recv_count_ptr,
+            cumulative_wait_cycles=wait_cycles_ptr,
         )
         result = _abi.LlDispatchResult()
         native_streams = s.native()
         _abi.call(
             "epx_ll_dispatch", self._require(), ctypes.byref(args), ctypes.byref(native_streams), ctypes.byref(result)
         )
-        tensors = (x, topk_idx, topk_weights, recv_x, scales, recv_count, src_idx, layout_range, cumulative_recv_count)
+        tensors = (
+            x,
+            topk_idx,
+            topk_weights,
+            recv_x,
+            scales,
+            recv_count,
+            src_idx,
+            layout_range,
+            cumulative_recv_count,
+            cumulative_wait_cycles,
+        )
         handle = LlHandle(_abi.LlHandle.from_buffer_copy(result.handle), self)
         receive = LlReceive(result.receive, tensors) if result.receive else None
         event = s.finish(tensors)
@@ -286,6 +310,7 @@ class LlBuffer(BufferBase):
         topk_weights=None,
         order: str = "local",
         out=None,
+        cumulative_wait_cycles=None,
         send_only: bool = False,
         streams: Optional[CallStreams] = None,
         **stream_args,
@@ -293,7 +318,9 @@ class LlBuffer(BufferBase):
         """Collective: out[t] = sum_k w[t][k] * y[expert k][row of (t, k)], float32 accumulation, bf16.
         order "local" sums each rank's experts on the expert side, with the weights given to dispatch, or,
         when that dispatch had none, with topk_weights given here (they go to the expert side first);
-        "naive" uses topk_weights given here, bit-identical to the plain per-expert order."""
+        "naive" uses topk_weights given here, bit-identical to the plain per-expert order.
+        cumulative_wait_cycles (int64 [R]) gets the clock cycles this rank's warps waited for each rank's
+        data added."""
         if not isinstance(handle, LlHandle) or handle.buffer is not self:
             raise ValueError("epx: combine needs the LlHandle of a dispatch on this buffer")
         if order not in _ORDERS:
@@ -312,13 +339,16 @@ class LlBuffer(BufferBase):
             order=_ORDERS[order],
             send_only=int(send_only),
             out=as_matrix(out, "out", device),
+            cumulative_wait_cycles=_counter_ptr(
+                cumulative_wait_cycles, "cumulative_wait_cycles", torch().int64, self.team.size, device
+            ),
         )
         result = _abi.LlCombineResult()
         native_streams = s.native()
         _abi.call(
             "epx_ll_combine", self._require(), ctypes.byref(args), ctypes.byref(native_streams), ctypes.byref(result)
         )
-        tensors = (y, topk_weights, out)
+        tensors = (y, topk_weights, out, cumulative_wait_cycles)
         receive = LlReceive(result.receive, tensors) if result.receive else None
         return LlCombineResult(out, s.finish(tensors), receive)
 

@@ -499,6 +499,7 @@ epx_status epx_ll_dispatch(epx_ll_buffer* buffer, const epx_ll_dispatch_args* ar
     d.out.src_idx = a.out.src_idx;
     d.out.layout_range = reinterpret_cast<epx::LlRange*>(a.out.layout_range);
     d.cumulative_recv_count = a.cumulative_recv_count;
+    d.cumulative_wait_cycles = a.cumulative_wait_cycles;
     d.send_only = a.send_only != 0;
     epx::LlDispatchResult r = b.dispatch(d, to_streams(streams));
     epx_ll_dispatch_result out{};
@@ -525,6 +526,7 @@ epx_status epx_ll_combine(epx_ll_buffer* buffer, const epx_ll_combine_args* args
     c.order = a.order == EPX_LL_COMBINE_NAIVE ? epx::LlCombineOrder::naive : epx::LlCombineOrder::local;
     c.out = to_ref(a.out, "out");
     c.send_only = a.send_only != 0;
+    c.cumulative_wait_cycles = a.cumulative_wait_cycles;
     epx::LlCombineResult r = b.combine(c, to_streams(streams));
     epx_ll_combine_result out{};
     out.finished = r.finished;

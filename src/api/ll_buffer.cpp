@@ -337,6 +337,7 @@ LlDispatchResult LlBuffer::dispatch(const LlDispatchArgs& args, const Streams& s
               "out.layout_range must be an 8-byte aligned pointer");
   EPX_REQUIRE(args.cumulative_recv_count == nullptr || aligned(args.cumulative_recv_count, 4),
               "cumulative_recv_count must be 4-byte aligned");
+  EPX_REQUIRE(aligned(args.cumulative_wait_cycles, 8), "cumulative_wait_cycles must be 8-byte aligned");
 
   const int64_t groups = args.use_ue8m0 ? H / 512 : H / 128;
   LlScalesLayout scales = out.scales_layout;
@@ -369,6 +370,7 @@ LlDispatchResult LlBuffer::dispatch(const LlDispatchArgs& args, const Streams& s
   p.src_idx = out.src_idx;
   p.layout_range = out.layout_range;
   p.cumulative_recv_count = args.cumulative_recv_count;
+  p.v.wait_cycles = reinterpret_cast<unsigned long long*>(args.cumulative_wait_cycles);
   p.phases = args.send_only ? kl::kSend : kl::kSend | kl::kReceive;
   const int blocks = im.config.num_sms;
   kl::launch_dispatch(p, blocks, stream);
@@ -419,11 +421,14 @@ LlCombineResult LlBuffer::combine(const LlCombineArgs& args, const Streams& stre
                 "they go to the expert side at the start of the call)");
   }
   core::check_optional_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, T, K});
+  EPX_REQUIRE(reinterpret_cast<uintptr_t>(args.cumulative_wait_cycles) % 8 == 0,
+              "cumulative_wait_cycles must be 8-byte aligned");
 
   const cudaStream_t stream = im.calls.begin(streams, "LL combine");
   const int set = im.next_set(im.combine_sets, im.combines, "combine");
   kl::CombineParams p{};
   p.v = im.view;
+  p.v.wait_cycles = reinterpret_cast<unsigned long long*>(args.cumulative_wait_cycles);
   p.set = set;
   p.dispatch_set = h.set;
   p.y = static_cast<const uint16_t*>(args.y.data);

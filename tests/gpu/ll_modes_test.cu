@@ -1,9 +1,9 @@
 // LL calls in the ways users run them besides one plain call: captured once into a CUDA graph and
 // replayed with new inputs; a thousand calls in a row; split into send and receive steps, two in
 // flight; on the buffer's communication stream with events; with cumulative receive counters; with y
-// in the buffer's own combine area; with some ranks' weights given to combine. Then what must fail, and how: bad
-// arguments (refused before any launch, naming the argument), an invalid expert id (reported by check_errors, counted
-// as -1 meanwhile), a peer that never calls (a timeout naming the phase and the peer).
+// in the buffer's own combine area; with some ranks' weights given to combine; with wait statistics. Then what must
+// fail, and how: bad arguments (refused before any launch, naming the argument), an invalid expert id (reported by
+// check_errors, counted as -1 meanwhile), a peer that never calls (a timeout naming the phase and the peer).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -277,6 +277,64 @@ void weights_given_to_combine(const LlCase& c, Team& team, cudaStream_t stream) 
   }
 }
 
+// (8) cumulative_wait_cycles: rank 1 comes 20 ms late to a dispatch and to a combine (a kernel holds its
+// stream first), so every other rank's waits for rank 1's data add up to tens of millions of cycles in
+// entry 1, and the entries of the ranks that came in time stay far below that (their data was there, or
+// nearly: a rank's own messages take microseconds). Not part of LlModes: on one hardware queue the held
+// stream would hold back every rank's calls.
+void late_rank_stands_out(Team& team, cudaStream_t stream) {
+  constexpr uint64_t kLateNs = 20'000'000;
+  constexpr int64_t kLateCycles = 10'000'000;  // half of 20 ms at 1 GHz, for one waiting warp alone
+  const LlCase c = ll_small_case(team.is_single_gpu() ? team.size() : 0);
+  const int rank = team.rank(), R = team.size();
+  Rig rig(c, team, 1);
+  const std::size_t bytes = sizeof(int64_t) * std::size_t(R);
+  DeviceArray dispatch_waits(bytes), combine_waits(bytes);
+  ASSERT_EQ(cudaMemsetAsync(dispatch_waits.data, 0, bytes, stream), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(combine_waits.data, 0, bytes, stream), cudaSuccess);
+  poison_ll_outputs(rig.out[0], stream);
+  const auto late = [&] {
+    if (rank == 1) hold_kernel<<<1, 1, 0, stream>>>(kLateNs);
+  };
+  LlDispatchArgs a = rig.dispatch_args(0);
+  a.cumulative_wait_cycles = static_cast<int64_t*>(dispatch_waits.data);
+  const LlDispatchResult d = submit_together([&] {
+    late();
+    return rig.buffer.dispatch(a, Streams{stream});
+  });
+  sync_and_check_errors(rig.buffer, stream);
+  check_ll_dispatch(c, rig.x[0], rank, rig.out[0]);
+  LlCombineArgs ca = rig.combine_args(0, d.handle, LlCombineOrder::local);
+  ca.cumulative_wait_cycles = static_cast<int64_t*>(combine_waits.data);
+  submit_together([&] {
+    late();
+    rig.buffer.combine(ca, Streams{stream});
+  });
+  sync_and_check_errors(rig.buffer, stream);
+  check_ll_combine(c, rig.x[0], rank, rig.out[0], LlCombineOrder::local);
+  for (const DeviceArray* counter : {&dispatch_waits, &combine_waits}) {
+    std::vector<int64_t> waits(bytes / sizeof(int64_t));
+    copy_from_device(waits, counter->data);
+    const std::string what = std::string(counter == &dispatch_waits ? "dispatch" : "combine") +
+                             " wait cycles of rank " + std::to_string(rank) + " (rank 1 late)";
+    for (int r = 0; r < R; ++r) {
+      EXPECT_GE(waits[std::size_t(r)], 0) << what << ", entry " << r;
+      if (rank != 1 && r == 1) {
+        EXPECT_GE(waits[1], kLateCycles) << what;
+      } else {
+        EXPECT_LT(waits[std::size_t(r)], kLateCycles) << what << ", entry " << r;
+      }
+    }
+  }
+}
+
+TEST(LlWaitCycles, LateRankStandsOutOnSingleGpuTeam) { on_ranks(2, late_rank_stands_out); }
+
+TEST(LlWaitCycles, LateRankStandsOutOnWorldTeam) {
+  EPX_REQUIRE_WORLD_SIZE(2);
+  on_ranks(0, late_rank_stands_out);
+}
+
 class LlModes : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
@@ -307,7 +365,7 @@ INSTANTIATE_TEST_SUITE_P(Teams, LlModes, ::testing::Values(0, 4), [](const ::tes
   return i.param == 0 ? std::string("World") : "SingleGpu" + std::to_string(i.param);
 });
 
-// (8) A bad argument throws epx::Error (invalid_argument) before anything is launched, with a message
+// (9) A bad argument throws epx::Error (invalid_argument) before anything is launched, with a message
 // holding every one of its words (expect_error).
 
 void refuse_bad_dispatch_arguments(Rig& rig, const Streams& on, int rank) {
@@ -352,6 +410,8 @@ void refuse_bad_dispatch_arguments(Rig& rig, const Streams& on, int rank) {
   refused([](LlDispatchArgs& a) { a.out.layout_range = nullptr; }, {"out.layout_range"});
   refused([](LlDispatchArgs& a) { a.x.data = static_cast<char*>(a.x.data) + 2; }, {"x", "aligned"});
   refused([](LlDispatchArgs& a) { a.out.x = static_cast<char*>(a.out.x) + 8; }, {"out.x", "aligned"});
+  refused([](LlDispatchArgs& a) { a.cumulative_wait_cycles = reinterpret_cast<int64_t*>(4); },
+          {"cumulative_wait_cycles", "aligned"});
 }
 
 void refuse_bad_combine_arguments(Rig& rig, const Streams& on, int rank) {
@@ -399,6 +459,8 @@ void refuse_bad_combine_arguments(Rig& rig, const Streams& on, int rank) {
   refused([](LlCombineArgs& a) { a.out.type = ScalarType::float32; }, {"out must be", "bf16"});
   refused([](LlCombineArgs& a) { a.out.data = nullptr; }, {"out", "null"});
   refused([](LlCombineArgs& a) { a.out.data = static_cast<char*>(a.out.data) + 2; }, {"out", "aligned"});
+  refused([](LlCombineArgs& a) { a.cumulative_wait_cycles = reinterpret_cast<int64_t*>(4); },
+          {"cumulative_wait_cycles", "aligned"});
 }
 
 TEST(LlValidation, BadArgumentsAreRefusedBeforeLaunch) {
@@ -460,7 +522,7 @@ TEST(LlValidation, BadArgumentsAreRefusedBeforeLaunch) {
   });
 }
 
-// (9) Rank 1's token 5 names `bad` in slot 0: the call goes on as if it were -1 (on the expert side
+// (10) Rank 1's token 5 names `bad` in slot 0: the call goes on as if it were -1 (on the expert side
 // and on rank 1 as home rank alike), and rank 1's check_errors names the token and slot.
 TEST(LlErrors, InvalidExpertIdIsReportedAndCountsAsEmpty) {
   LlCase c = ll_small_case(2);
@@ -492,7 +554,7 @@ TEST(LlErrors, InvalidExpertIdIsReportedAndCountsAsEmpty) {
   }
 }
 
-// (10) Rank 1 never calls: rank 0's dispatch waits at most the team's timeout, and check_errors (or, at
+// (11) Rank 1 never calls: rank 0's dispatch waits at most the team's timeout, and check_errors (or, at
 // the latest, the next call) reports a timeout naming the LL dispatch phase and rank 1.
 TEST(LlTimeout, AbsentPeerIsNamed) {
   const LlCase c = ll_small_case(2);
@@ -510,7 +572,7 @@ TEST(LlTimeout, AbsentPeerIsNamed) {
   });
 }
 
-// (11) Both ranks dispatch without weights, then rank 1 never combines: rank 0's combine sends (alone,
+// (12) Both ranks dispatch without weights, then rank 1 never combines: rank 0's combine sends (alone,
 // send_only, so no receive wait competes) wait for rank 1's weights at most the team's timeout, and
 // the report names the weights and rank 1. Rank 1 keeps its buffer until rank 0 is done.
 TEST(LlTimeout, AbsentHomeRankOfTheWeightsIsNamed) {

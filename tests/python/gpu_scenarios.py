@@ -352,8 +352,15 @@ def ll_dispatch_bf16_combine(ctx):
     inputs = all_inputs(LL_TOKENS, 6)
     x, topk, w = inputs[ctx.rank]
     stats = torch.zeros(E_LOCAL, dtype=torch.int32, device=x.device)
+    waits = torch.zeros(R, dtype=torch.int64, device=x.device)  # cycles: any value >= 0 (C++ tests check more)
     recv_x, recv_count, handle, event, hook = ctx.ll.low_latency_dispatch(
-        x, topk, LL_MAX_TOKENS, EXPERTS, cumulative_local_expert_recv_stats=stats, use_fp8=False
+        x,
+        topk,
+        LL_MAX_TOKENS,
+        EXPERTS,
+        cumulative_local_expert_recv_stats=stats,
+        dispatch_wait_recv_cost_stats=waits,
+        use_fp8=False,
     )
     assert hook is None and event.event is None
     assert recv_x.shape == (E_LOCAL, R * LL_MAX_TOKENS, HIDDEN) and recv_x.dtype == torch.bfloat16
@@ -361,10 +368,16 @@ def ll_dispatch_bf16_combine(ctx):
     equal(stats, recv_count, "cumulative_local_expert_recv_stats")
     marks = torch.tensor([expert_scale(ctx.rank * E_LOCAL + e) for e in range(E_LOCAL)], device=x.device)
     y = (recv_x.float() * marks[:, None, None]).bfloat16()
-    combined, event, hook = ctx.ll.low_latency_combine(y, topk, w, handle)
+    combined, event, hook = ctx.ll.low_latency_combine(y, topk, w, handle, combine_wait_recv_cost_stats=waits)
     assert hook is None and combined.shape == (x.size(0), HIDDEN) and combined.dtype == torch.bfloat16
     want = ref_ll_combine(inputs, ctx.rank, expert_scale)
     close(combined, want, "low_latency_combine")
+    assert bool((waits >= 0).all()), f"wait cycles {waits.tolist()}"
+    try:
+        ctx.ll.low_latency_combine(y, topk, w, handle, combine_wait_recv_cost_stats=waits.int())
+        raise AssertionError("an int32 combine_wait_recv_cost_stats was accepted")
+    except ValueError as e:
+        assert "cumulative_wait_cycles" in str(e), e
     # DeepEP's summation order, on request
     ctx.ll.low_latency_combine_order = "naive"
     try:

@@ -70,14 +70,10 @@ def test_low_latency_options_epx_does_not_have(torch):
     buffer = offline_buffer()
     x = torch.zeros(4, 128, dtype=torch.bfloat16)
     topk = torch.zeros(4, 2, dtype=torch.int64)
-    with pytest.raises(NotImplementedError, match="dispatch_wait_recv_cost_stats"):
-        buffer.low_latency_dispatch(x, topk, 8, 4, dispatch_wait_recv_cost_stats=torch.zeros(2, 2, dtype=torch.int64))
     with pytest.raises(ValueError, match="cannot both be set"):
         buffer.low_latency_dispatch(x, topk, 8, 4, async_finish=True, return_recv_hook=True)
     with pytest.raises(NotImplementedError, match="use_logfmt"):
         buffer.low_latency_combine(x, topk, topk.float(), None, use_logfmt=True)
-    with pytest.raises(NotImplementedError, match="combine_wait_recv_cost_stats"):
-        buffer.low_latency_combine(x, topk, topk.float(), None, combine_wait_recv_cost_stats=torch.zeros(2))
     with pytest.raises(TypeError, match="low_latency_dispatch returned"):
         buffer.low_latency_combine(x, topk, topk.float(), ("not", "a", "handle"))
     with pytest.raises(TypeError, match="low_latency_dispatch returned"):
@@ -118,6 +114,14 @@ def test_bias_pairs_are_refused_with_a_reason(torch):
     b = torch.zeros(4, 128, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match="one bias"):
         buffer.combine(b, handle, bias=(b, b))
+
+
+def test_counter_tensors_are_checked(torch):
+    from epx.ll import _counter_ptr
+
+    assert _counter_ptr(None, "cumulative_wait_cycles", torch.int64, 2, 0) is None
+    with pytest.raises(ValueError, match="is on cpu"):
+        _counter_ptr(torch.zeros(2, dtype=torch.int64), "cumulative_wait_cycles", torch.int64, 2, 0)
 
 
 def test_tensor_conversion_checks(torch):

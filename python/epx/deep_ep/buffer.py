@@ -579,12 +579,9 @@ class Buffer:
         recv_x [E_local, R * T_max, H] fp8 (use_fp8) or bf16; scales [E_local, R * T_max, H / 128] float32 (or
         H / 512 int32 with use_ue8m0), per expert column-major as in DeepEP; recv_count [E_local] int32.
         Within an expert, rows are ordered by source rank, then token. hook is None unless return_recv_hook:
-        then call it (once) to receive. dispatch_wait_recv_cost_stats is not supported.
+        then call it (once) to receive. dispatch_wait_recv_cost_stats (int64 [R]) gets the clock cycles this
+        rank's warps spent waiting for each source rank's data added (a warp that found it there adds none).
         """
-        if dispatch_wait_recv_cost_stats is not None:
-            raise NotImplementedError(
-                "epx: dispatch_wait_recv_cost_stats (per-rank receive wait times) is not implemented"
-            )
         if async_finish and return_recv_hook:
             raise ValueError("async_finish and return_recv_hook cannot both be set")
         team = self._require_team()
@@ -607,6 +604,7 @@ class Buffer:
             round_scale=round_scale,
             use_ue8m0=use_ue8m0,
             cumulative_recv_count=cumulative_local_expert_recv_stats,
+            cumulative_wait_cycles=dispatch_wait_recv_cost_stats,
             send_only=return_recv_hook,
             streams=s,
         )
@@ -621,6 +619,7 @@ class Buffer:
             r.src_idx,
             r.layout_range,
             cumulative_local_expert_recv_stats,
+            dispatch_wait_recv_cost_stats,
         )
         return recv_x, r.recv_count, handle, EventOverlap(r.event, kept if async_finish else None), r.receive
 
@@ -641,11 +640,10 @@ class Buffer:
         float32 accumulation, in Buffer.low_latency_combine_order: by default epx's local order (the weights
         go to the expert side, which sums each rank's experts of a token before sending). topk_idx is the
         dispatch's (epx keeps the routing; its shape is checked). zero_copy is accepted: epx reads x in
-        place whatever it is. use_logfmt and combine_wait_recv_cost_stats are not supported."""
+        place whatever it is. combine_wait_recv_cost_stats (int64 [R]): as low_latency_dispatch's
+        dispatch_wait_recv_cost_stats, per expert-side rank. use_logfmt is not supported."""
         if use_logfmt:
             raise NotImplementedError("epx: use_logfmt (LogFMT-compressed combine) is not implemented")
-        if combine_wait_recv_cost_stats is not None:
-            raise NotImplementedError("epx: combine_wait_recv_cost_stats is not implemented")
         if async_finish and return_recv_hook:
             raise ValueError("async_finish and return_recv_hook cannot both be set")
         if not isinstance(handle, LowLatencyHandle):
@@ -667,10 +665,11 @@ class Buffer:
             topk_weights=topk_weights,
             order=self.low_latency_combine_order,
             out=out,
+            cumulative_wait_cycles=combine_wait_recv_cost_stats,
             send_only=return_recv_hook,
             streams=s,
         )
-        kept = (x, topk_idx, topk_weights, handle[0], handle[1], r.out)
+        kept = (x, topk_idx, topk_weights, handle[0], handle[1], r.out, combine_wait_recv_cost_stats)
         return r.out, EventOverlap(r.event, kept if async_finish else None), r.receive
 
     def get_next_low_latency_combine_buffer(self, handle):

@@ -30,6 +30,8 @@ struct LlView {
   core::Divisor by_max_tokens;     // max_tokens (its d): a message's source and token
   bool mask_on_timeout;            // LlBufferOptions::mask_on_timeout
   LlHostReport* host_report;
+  // Per call, or null: [R] cycles of waiting for each rank's data (LlDispatchArgs::cumulative_wait_cycles).
+  unsigned long long* wait_cycles;
 
   __host__ __device__ int experts_per_rank() const { return int(by_local_experts.d); }
   __host__ __device__ int64_t rows_per_expert() const { return int64_t(team.nranks) * max_tokens; }  // C

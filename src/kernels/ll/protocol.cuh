@@ -211,14 +211,20 @@ __device__ uint32_t first_missing_stamp(const uint4 (&x)[N], int first, int end,
 // s into the caller's variables and says whether each carries the call's stamp; last_seen() is the word
 // to report if not. Nothing needs an acquire: each word (line) vouches for its own data. kWholeWarp
 // (lines): the whole warp calls it, arrived() may use warp collectives and returns the same on
-// every lane, and so does the wait (transport::spin_until's kWholeWarp).
+// every lane, and so does the wait (transport::spin_until's kWholeWarp). A wait (arrived() false at
+// first) adds its cycles to v.wait_cycles[s] where the call asked for them (one add per warp or thread).
 template <bool kWholeWarp = false, typename Arrived, typename LastSeen>
 __device__ PeerWait wait_for_words(const LlView& v, int s, uint32_t stamp, Arrived arrived, LastSeen last_seen,
                                    transport::WaitSite site) {
   if (arrived()) return PeerWait::arrived;
-  return wait_for_peer_with<kWholeWarp>(v, s, [&](uint32_t* give_up) {
+  const long long start = clock64();
+  const PeerWait got = wait_for_peer_with<kWholeWarp>(v, s, [&](uint32_t* give_up) {
     return transport::spin_until<kWholeWarp>(v.team, arrived, core::stamped(stamp, 0), last_seen, site, give_up);
   });
+  if (v.wait_cycles != nullptr && (!kWholeWarp || threadIdx.x % kWarp == 0)) {
+    atomicAdd(v.wait_cycles + s, static_cast<unsigned long long>(clock64() - start));
+  }
+  return got;
 }
 
 // The whole warp waits (wait_for_words) until instructions [first, end) of `row`, from source s, carry
