@@ -133,7 +133,7 @@ struct LlDispatchArgs {
   bool send_only = false;                    // return after the sends; the caller runs `receive` later
   // [R] or null: per source rank, the SM clock cycles (clock64) this rank's warps spent waiting for that
   // rank's data are added to it (a warp that finds the data there adds nothing). For spotting a slow
-  // rank (DeepEP's dispatch_wait_recv_cost_stats); one atomic add per warp that waited.
+  // rank (DeepEP's dispatch_wait_recv_cost_stats); one atomic add per warp (or thread) that waited.
   int64_t* cumulative_wait_cycles = nullptr;
 };
 
