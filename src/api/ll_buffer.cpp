@@ -35,6 +35,8 @@ struct SetState {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+bool aligned(const void* p, std::size_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; }
+
 // The options a buffer can be made with for a team of `R` ranks (also what required_bytes accepts).
 void check_options(const LlBufferOptions& options, int R) {
   EPX_REQUIRE(R >= 1 && R <= kMaxNvlinkRanks,
@@ -291,7 +293,7 @@ void LlBuffer::query_rank_mask(int32_t* out, cudaStream_t on) {
   const Streams streams{on};
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
-  EPX_REQUIRE(out != nullptr && reinterpret_cast<uintptr_t>(out) % 4 == 0,
+  EPX_REQUIRE(out != nullptr && aligned(out, 4),
               "query_rank_mask: out must be a 4-byte aligned device pointer to int32 [" + str(im.team.size()) + "]");
   const cudaStream_t stream = im.calls.begin(streams, "query_rank_mask");
   check_cuda(cudaMemcpyAsync(out, im.own + im.areas.rank_mask, sizeof(uint32_t) * im.team.size(),
@@ -326,7 +328,6 @@ LlDispatchResult LlBuffer::dispatch(const LlDispatchArgs& args, const Streams& s
   EPX_REQUIRE(!args.use_ue8m0 || H % 512 == 0,
               "use_ue8m0 needs a hidden size that is a multiple of 512, got " + str(H));
   const LlDispatchOutputs& out = args.out;
-  auto aligned = [](const void* p, std::size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
   EPX_REQUIRE(out.x != nullptr && aligned(out.x, 16), "out.x must be a 16-byte aligned device pointer");
   EPX_REQUIRE(!args.use_fp8 || (out.scales != nullptr && aligned(out.scales, 4)),
               "out.scales must be a 4-byte aligned device pointer with use_fp8");
@@ -421,8 +422,7 @@ LlCombineResult LlBuffer::combine(const LlCombineArgs& args, const Streams& stre
                 "they go to the expert side at the start of the call)");
   }
   core::check_optional_tensor(args.topk_weights, {"topk_weights", {ScalarType::float32}, T, K});
-  EPX_REQUIRE(reinterpret_cast<uintptr_t>(args.cumulative_wait_cycles) % 8 == 0,
-              "cumulative_wait_cycles must be 8-byte aligned");
+  EPX_REQUIRE(aligned(args.cumulative_wait_cycles, 8), "cumulative_wait_cycles must be 8-byte aligned");
 
   const cudaStream_t stream = im.calls.begin(streams, "LL combine");
   const int set = im.next_set(im.combine_sets, im.combines, "combine");
