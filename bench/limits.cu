@@ -184,7 +184,6 @@ Limits measure_limits(Team& team) {
       detail::fail(ErrorKind::internal, "NVLink limit test: " + std::to_string(bad_host) + " words arrived wrong");
 
     limits.stamps = probe_stamped_stores(team, StampPath::nvlink);
-    limits.stamps_same_gpu = probe_stamped_stores(team, StampPath::same_gpu);
 
     // One-way flag latency between ranks 0 and 1 (the others sit out).
     SymmetricMemory flags = team.allocate_symmetric(4096);
@@ -225,6 +224,8 @@ Limits measure_limits(Team& team) {
     limits.load_peer_symmetric_ns = {ns[4], ns[5]};
     enqueue_team_barrier(team, stream);  // the peers' chains read this rank's words: done before `flags` goes
   }
+  // A rank's stamped stores to its own memory: measured with one GPU too.
+  if (!team.is_single_gpu()) limits.stamps_same_gpu = probe_stamped_stores(team, StampPath::same_gpu);
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   team.check_device_errors();
   cudaFree(source);

@@ -319,7 +319,9 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
         .field((prefix + "16_bytes_torn").c_str(), static_cast<long long>(p.torn_16))
         .field((prefix + "16_bytes_missing").c_str(), static_cast<long long>(p.missing_16))
         .field((prefix + "128_bytes_torn").c_str(), static_cast<long long>(p.torn_128))
-        .field((prefix + "128_bytes_missing").c_str(), static_cast<long long>(p.missing_128));
+        .field((prefix + "128_bytes_missing").c_str(), static_cast<long long>(p.missing_128))
+        .field((prefix + "bulk_torn").c_str(), static_cast<long long>(p.torn_bulk))
+        .field((prefix + "bulk_missing").c_str(), static_cast<long long>(p.missing_bulk));
   };
   write_stamps("stamped_", limits.stamps);
   write_stamps("stamped_same_gpu_", limits.stamps_same_gpu);
@@ -412,6 +414,15 @@ void print_ll_tuning(const LlBenchResult& ll) {
   }
 }
 
+void print_stamps(const std::string& where, const StampProbe& p) {
+  std::printf("%-44s %lld torn, %lld missing of %lld\n", ("stamped 16-byte stores" + where).c_str(),
+              (long long)p.torn_16, (long long)p.missing_16, (long long)(p.lines * 8));
+  std::printf("%-44s %lld torn vectors, %lld missing of %lld\n", ("stamped 128-byte lines" + where).c_str(),
+              (long long)p.torn_128, (long long)p.missing_128, (long long)p.lines);
+  std::printf("%-44s %lld torn vectors, %lld missing of %lld\n", ("stamped lines by bulk copy" + where).c_str(),
+              (long long)p.torn_bulk, (long long)p.missing_bulk, (long long)p.lines);
+}
+
 void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBenchResult* ll) {
   std::printf("\nepx-bench, %d rank(s)\n", ranks);
   std::printf("%-44s %12s\n", "limit", "value");
@@ -431,17 +442,11 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
     print_load("private memory", l.load_private_ns);
     print_load("own symmetric memory", l.load_own_symmetric_ns);
     print_load("next rank's symmetric memory", l.load_peer_symmetric_ns);
-    const auto print_stamps = [](const std::string& where, const StampProbe& p) {
-      std::printf("%-44s %lld torn, %lld missing of %lld\n", ("stamped 16-byte stores" + where).c_str(),
-                  (long long)p.torn_16, (long long)p.missing_16, (long long)(p.lines * 8));
-      std::printf("%-44s %lld torn vectors, %lld missing of %lld\n", ("stamped 128-byte lines" + where).c_str(),
-                  (long long)p.torn_128, (long long)p.missing_128, (long long)p.lines);
-    };
     print_stamps("", l.stamps);
-    print_stamps(" (same GPU)", l.stamps_same_gpu);
   } else {
     std::printf("%-44s %12s\n", "NVLink limits", "n/a: 1 GPU");
   }
+  if (l.stamps_same_gpu.lines > 0) print_stamps(" (same GPU)", l.stamps_same_gpu);
   std::printf("%-44s %9.2f us\n", "empty kernel from a CUDA graph", l.empty_graph_kernel_us);
   std::printf("%-44s %9.2f us\n", "graph of one empty kernel, timed as LL calls", l.one_kernel_graph_us);
   std::printf("%-44s %9.1f GB/s\n", "HBM device-to-device copy (read + write)", l.hbm_copy_gbps);

@@ -1,5 +1,6 @@
-// Whether stamped 16-byte and 128-byte stores arrive whole, over NVLink and from a rank to its own memory
-// (see stamp_probe.cu): what the LL protocol's stamped words and lines rest on, measured next to the limits.
+// Whether stamped 16-byte and 128-byte stores (the latter also by bulk copy) arrive whole, over NVLink and
+// from a rank to its own memory (see stamp_probe.cu): what the LL protocol's stamped words and lines rest
+// on, measured next to the limits.
 #pragma once
 
 #include <cstdint>
@@ -14,12 +15,14 @@ struct StampProbe {
   int64_t missing_16 = 0;   // vectors whose stamp never showed within the bound
   int64_t torn_128 = 0;     // 128-byte lines' vectors seen with the line's stamp current and older payload
   int64_t missing_128 = 0;  // lines whose stamp never showed within the bound
+  int64_t torn_bulk = 0;    // the same for lines written by bulk copies (8 lines each)
+  int64_t missing_bulk = 0;
 };
 
 // Where the stamped stores go: to the next rank over NVLink, or to this rank's own memory.
 enum class StampPath { nvlink, same_gpu };
 
-// Collective over the team (one process per GPU, at least 2: measure_limits runs it only there).
+// Collective over the team (one process per GPU; the NVLink path needs at least 2).
 StampProbe probe_stamped_stores(Team& team, StampPath path);
 
 }  // namespace epx::bench
