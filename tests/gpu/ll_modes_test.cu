@@ -237,6 +237,14 @@ __global__ void hold_kernel(uint64_t ns) {
   } while (now - start < ns);
 }
 
+// Loads hold_kernel's code now: a body calls it before its team's first collective step. Loaded lazily
+// at its first launch, it would wait for the kernels already running, other ranks' waiting for this
+// one included (detail::load_kernel; seen: LlWaitCycles' single-GPU case timed out on 2026-11-23).
+void load_hold_kernel() {
+  cudaFuncAttributes attributes{};
+  ASSERT_EQ(cudaFuncGetAttributes(&attributes, hold_kernel), cudaSuccess);
+}
+
 // (7) The home ranks' weights given to combine, on half the ranks: odd ranks give theirs to combine
 // (their dispatch has none), even ranks to dispatch, so an expert side takes some messages' weights
 // from the dispatch and awaits the others'. Six calls over three input sets, so that each buffer set
@@ -246,6 +254,7 @@ __global__ void hold_kernel(uint64_t ns) {
 // weights there first and must wait for this call's (on one hardware queue the hold may delay every
 // rank alike: the test still holds, it then just waits less).
 void weights_given_to_combine(const LlCase& c, Team& team, cudaStream_t stream) {
+  load_hold_kernel();
   constexpr int kCalls = 6, kSets = 3;
   const int rank = team.rank();
   const bool given_here = rank % 2 == 1;
@@ -286,6 +295,7 @@ void late_rank_stands_out(Team& team, cudaStream_t stream) {
   constexpr int64_t kLateCycles = 10'000'000;  // half of 20 ms at 1 GHz, for one waiting warp alone
   const LlCase c = ll_small_case(team.is_single_gpu() ? team.size() : 0);
   const int rank = team.rank(), R = team.size();
+  load_hold_kernel();
   Rig rig(c, team, 1);
   const std::size_t bytes = sizeof(int64_t) * std::size_t(R);
   DeviceArray dispatch_waits(bytes), combine_waits(bytes);

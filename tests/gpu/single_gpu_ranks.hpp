@@ -7,6 +7,9 @@
 // Nor may a body call cudaMalloc or cudaFree between the team's calls: they can wait for the whole
 // GPU, so for another rank's kernel that waits for this rank's next call (seen: a wait expired in
 // the second of two dispatches whose first one's inputs were freed in between).
+// Nor may a body launch a kernel of its own for the first time there: CUDA loads a kernel's code at
+// its first launch (lazy module loading), and loading waits for the kernels already running, the
+// other ranks' waiting ones included; load it first (cudaFuncGetAttributes), as the buffers do.
 // Nor may a rank copy to or from the host while another rank's kernel may wait for this rank's next
 // launch: where streams share a hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, or more streams than
 // queues), a copy queued behind that waiting kernel cannot start, and while a thread is blocked in a
