@@ -60,6 +60,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask: see send and receive
   if (p.phases & kSend) send<kFp8>(p, seq, masked);
   if (p.phases & kReceive) receive<kFp8>(p, seq, masked);
+  if constexpr (kBulkLines) finish_line_stores();
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_end>(p.v.team);
 }
 

@@ -291,17 +291,26 @@ __device__ bool send_routing(const DispatchParams& p, const int16_t* experts, ui
   return true;
 }
 
-// One warp: item g of token t (its vectors `x`, load_item) to every destination rank. Returns false when
-// the team failed.
+// One warp: item g of token t (its vectors `x`, load_item) to every destination rank (where kBulkLines,
+// staged once through `stages`). Returns false when the team failed.
 template <bool kFp8>
 __device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int g,
-                          const uint4 (&x)[2], SetFree& free) {
+                          const uint4 (&x)[2], SetFree& free, LineStages& stages) {
   const TokenRanks to = token_ranks(p, experts, t);
   if (!set_free(p, seq, free)) return false;
   const int lines = row_lines<kFp8>(p);
+  const uint4* stage = nullptr;
+  if constexpr (kBulkLines) {
+    order_line_stores();
+    stage = stage_item(x, stages);
+  }
   for (uint32_t rest = to.leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, to.rank, __ffs(rest) - 1);
-    store_lines(p.v.payload(dest, p.set, p.v.team.rank, t), 2 * g, lines, x);
+    if constexpr (kBulkLines) {
+      store_staged_item(p.v.payload(dest, p.set, p.v.team.rank, t), g, lines, stage);
+    } else {
+      store_lines(p.v.payload(dest, p.set, p.v.team.rank, t), 2 * g, lines, x);
+    }
   }
   return true;
 }
@@ -419,7 +428,9 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   const bool counting = blockIdx.x == gridDim.x - 1;
   bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
   if (counting && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_counts_sent>(v.team);
-  bool sent_lines = false;  // for the phase trace
+  bool sent_lines = false;                                                   // for the phase trace
+  __shared__ uint4 line_stages[kBulkLines ? kWarps * 2 * kItemVectors : 1];  // LineStages, where kBulkLines
+  LineStages stages{line_stages + (kBulkLines ? threadIdx.x / kWarp * 2 * kItemVectors : 0), 0};
   for (int i = first; ok && i < work; i += warps) {
     if (i < routing) {
       if (i != first) weight = load_weight(p, i);
@@ -428,7 +439,7 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
     }
     const auto [t, g] = p.by_row_items.split(uint32_t(i - routing));
     if (i != first) load_item<kFp8>(p, stamp, int(t), int(g), vectors);
-    ok = send_item<kFp8>(p, experts, seq, int(t), int(g), vectors, free);
+    ok = send_item<kFp8>(p, experts, seq, int(t), int(g), vectors, free, stages);
     sent_lines = ok;
   }
   if (sent_lines && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);

@@ -39,6 +39,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/grid.cuh"
 #include "kernels/ll/ll_view.hpp"
 #include "transport/device/phase_trace.hpp"
@@ -173,6 +174,53 @@ __device__ void store_lines(uint4* row, int first, int lines, const uint4 (&x)[N
     const int line = instruction_line(first + b);
     if (line < lines) store_vector(row + line * core::kLlLineVectors + line_vector(), x[b]);
   }
+}
+
+// The same lines of work item g through the copy engine (kernels/common/bulk_copy.cuh), so that the
+// SM's load/store path stays free for the loads that follow: stage_item puts the lanes' vectors of the
+// item's two instructions into a stage (the warp's 1 KiB of shared memory, in the lines' order: lane
+// i's vector of instruction 2 g + j at j * 32 + i), each lane fencing its writes for the copy engine;
+// then store_staged_item (once per destination row) has lane 0 store the item's lines below `lines`
+// with one bulk copy. A warp has two stages and alternates (LineStages); lane 0 waits until the copies
+// that read a stage are done reading before the lanes write it again, and before the CTA exits
+// (finish_line_stores). Where the stores follow a wait for a "freed" flag (protocol above), lane 0's
+// proxy fence orders that wait before them (order_line_stores).
+// Experiment (EPX_LL_BULK_LINES, CMakeLists.txt): both kernels' sends use it in place of store_lines
+// when set.
+#ifdef EPX_LL_BULK_LINES
+inline constexpr bool kBulkLines = true;
+#else
+inline constexpr bool kBulkLines = false;
+#endif
+constexpr int kItemVectors = kLinesPerItem * core::kLlLineVectors;
+struct LineStages {
+  uint4* base;  // the warp's two stages: 2 x kItemVectors vectors of shared memory
+  int next;     // the stage the next item goes into
+};
+__device__ __forceinline__ void order_line_stores() {
+  if (threadIdx.x % kWarp == 0) fence_async_global();
+}
+__device__ inline const uint4* stage_item(const uint4 (&x)[2], LineStages& stages) {
+  const int lane = int(threadIdx.x % kWarp);
+  uint4* stage = stages.base + stages.next * kItemVectors;
+  stages.next ^= 1;
+  if (lane == 0) bulk_wait_read<1>();  // the copies two items back, which read this stage
+  __syncwarp();
+  stage[lane] = x[0];
+  stage[kWarp + lane] = x[1];
+  fence_async_shared();
+  __syncwarp();
+  return stage;
+}
+__device__ inline void store_staged_item(uint4* row, int g, int lines, const uint4* stage) {
+  if (threadIdx.x % kWarp != 0) return;
+  const int first = kLinesPerItem * g;
+  bulk_store(row + first * core::kLlLineVectors, stage,
+             uint32_t(min(kLinesPerItem, lines - first)) * core::kLlLineBytes);
+  bulk_commit();
+}
+__device__ __forceinline__ void finish_line_stores() {
+  if (threadIdx.x % kWarp == 0) bulk_wait_all();
 }
 
 // Loads this lane's vectors of instructions first .. first + N - 1 of `row` (those below `end` whose
