@@ -463,8 +463,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
     own_partial<kRowsInFlight>(p, int(t), col, own_first[threadIdx.x]);
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_own>(p.v.team);
   }
-  __shared__ uint4 line_stages[kBulkLines ? kWarps * 2 * kItemVectors : 1];  // LineStages, where kBulkLines
-  LineStages stages{line_stages + (kBulkLines ? threadIdx.x / kWarp * 2 * kItemVectors : 0), 0};
+  LineStages stages = warp_line_stages<kWarps>();
   if (p.phases & kSend) send<kNaive>(p, cseq, stages);
   if (p.phases & kReceive) receive<kNaive>(p, cseq, early_own ? own_first : nullptr);
   if constexpr (kBulkLines) finish_line_stores();

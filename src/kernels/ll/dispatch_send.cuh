@@ -428,9 +428,8 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   const bool counting = blockIdx.x == gridDim.x - 1;
   bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
   if (counting && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_counts_sent>(v.team);
-  bool sent_lines = false;                                                   // for the phase trace
-  __shared__ uint4 line_stages[kBulkLines ? kWarps * 2 * kItemVectors : 1];  // LineStages, where kBulkLines
-  LineStages stages{line_stages + (kBulkLines ? threadIdx.x / kWarp * 2 * kItemVectors : 0), 0};
+  bool sent_lines = false;  // for the phase trace
+  LineStages stages = warp_line_stages<kWarps>();
   for (int i = first; ok && i < work; i += warps) {
     if (i < routing) {
       if (i != first) weight = load_weight(p, i);

@@ -197,6 +197,12 @@ struct LineStages {
   uint4* base;  // the warp's two stages: 2 x kItemVectors vectors of shared memory
   int next;     // the stage the next item goes into
 };
+// This warp's two stages, in its CTA's shared memory (kWarpsPerCta warps; none where !kBulkLines).
+template <int kWarpsPerCta>
+__device__ inline LineStages warp_line_stages() {
+  __shared__ uint4 stages[kBulkLines ? kWarpsPerCta * 2 * kItemVectors : 1];
+  return LineStages{stages + (kBulkLines ? threadIdx.x / kWarp * 2 * kItemVectors : 0), 0};
+}
 __device__ __forceinline__ void order_line_stores() {
   if (threadIdx.x % kWarp == 0) fence_async_global();
 }
@@ -204,7 +210,8 @@ __device__ inline const uint4* stage_item(const uint4 (&x)[2], LineStages& stage
   const int lane = int(threadIdx.x % kWarp);
   uint4* stage = stages.base + stages.next * kItemVectors;
   stages.next ^= 1;
-  if (lane == 0) bulk_wait_read<1>();  // the copies two items back, which read this stage
+  // The copies of the item two back read this stage: at most the previous item's last copy may still read.
+  if (lane == 0) bulk_wait_read<1>();
   __syncwarp();
   stage[lane] = x[0];
   stage[kWarp + lane] = x[1];
