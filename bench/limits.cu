@@ -224,7 +224,8 @@ Limits measure_limits(Team& team) {
     limits.load_peer_symmetric_ns = {ns[4], ns[5]};
     enqueue_team_barrier(team, stream);  // the peers' chains read this rank's words: done before `flags` goes
   }
-  // A rank's stamped stores to its own memory: measured with one GPU too.
+  // A rank's stamped stores to its own memory: measured in a run of one process on one GPU too (not in a
+  // single-GPU multi-rank team).
   if (!team.is_single_gpu()) limits.stamps_same_gpu = probe_stamped_stores(team, StampPath::same_gpu);
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   team.check_device_errors();

@@ -5,9 +5,11 @@
 //   * 16 bytes: one st.v4 per thread, stamp in its first word, three words of payload;
 //   * 128 bytes: one warp store instruction, 8 lanes per line, stamp in the first word of the line's
 //     last 16 bytes; the receiver loads the whole line in one warp load instruction too;
-//   * 128 bytes by bulk copy: the same lines, staged by a warp in shared memory and stored 8 at a time
-//     (1 KiB, an LL work item) by one cp.async.bulk (kernels/common/bulk_copy.cuh), read as above:
-//     whether a protocol may send its lines through the copy engine instead of the SM's stores.
+//   * 128 bytes by bulk copy: the same lines, staged by a warp in shared memory 8 at a time (1 KiB, an
+//     LL work item) and stored by two cp.async.bulk (kernels/common/bulk_copy.cuh) of n and 8 - n lines,
+//     n = 1..7 by chunk: copies of every size below 1 KiB, starting at 128-byte boundaries, as LL rows'
+//     items do (a row of ll_row_lines(2 H) lines is not a multiple of 8 lines). Read as above: whether
+//     a protocol may send its lines through the copy engine instead of the SM's stores.
 // Two passes. Over NVLink: every rank writes its next rank's area while reading its own (both
 // directions busy). On the same GPU (run with one GPU too): every rank writes its own area while reading
 // it (what a rank's rows to itself would meet: the writer's lines reach the reader through L2, not the
@@ -34,7 +36,7 @@ using detail::check_cuda;
 constexpr int kLines = 16384;  // 128-byte lines per granularity and epoch: 2 MiB
 constexpr int kVectors = 8;    // 16-byte vectors per line
 constexpr int kEpochs = 64;
-constexpr int kBulkLines = 8;  // lines per bulk store
+constexpr int kStageLines = 8;  // lines per chunk staged for bulk copies
 constexpr int kWriterBlocks = 32, kReaderBlocks = 32, kThreads = 512;
 constexpr uint64_t kMissingAfterNs = 100'000'000;  // 0.1 s without the stamp: missing
 
@@ -50,7 +52,7 @@ struct Counts {
 
 // A writer warp's shared-memory stages for its bulk stores: two, so that it fills one while the copy
 // engine reads the other.
-using BulkStage = uint4[kBulkLines][kVectors];
+using BulkStage = uint4[kStageLines][kVectors];
 
 __device__ uint32_t payload(uint32_t epoch, int line, int vector, int word) {
   return (epoch * 2654435761u) ^ (uint32_t(line) << 8) ^ (uint32_t(vector) << 4) ^ uint32_t(word) ^ 0x9e3779b9u;
@@ -74,9 +76,10 @@ using kernels::ll::store_vector;
 __device__ bool equal(uint4 a, uint4 b) { return a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w; }
 
 // Writer warps: lane l writes vector l % 8 of line 4 * (its warp's step) + l / 8 of the first two areas;
-// then the warp's chunks of kBulkLines lines of the bulk area: the lanes stage a chunk (the writes made
-// visible to the copy engine by each lane's proxy fence), lane 0 stores it with one bulk copy, and
-// before it reuses a stage waits until the copy that read it is done reading.
+// then the warp's chunks of kStageLines lines of the bulk area: the lanes stage a chunk (the writes made
+// visible to the copy engine by each lane's proxy fence), lane 0 stores it with two bulk copies (n and
+// kStageLines - n lines), and before it reuses a stage waits until the copies that read it are done
+// reading (all but the previous chunk's two).
 __device__ void write_epoch(Area* peer, uint32_t epoch, BulkStage (&stages)[2]) {
   const int lane = threadIdx.x % 32, warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int warps = kWriterBlocks * kThreads / 32;
@@ -86,16 +89,20 @@ __device__ void write_epoch(Area* peer, uint32_t epoch, BulkStage (&stages)[2]) 
     store_vector(&peer->lines[line][vector], line_vector(epoch, line, vector));
   }
   int stage = 0;
-  for (int chunk = warp; chunk < kLines / kBulkLines; chunk += warps, stage ^= 1) {
-    if (lane == 0) kernels::bulk_wait_read<1>();
+  for (int chunk = warp; chunk < kLines / kStageLines; chunk += warps, stage ^= 1) {
+    if (lane == 0) kernels::bulk_wait_read<2>();
     __syncwarp();
-    for (int i = lane; i < kBulkLines * kVectors; i += 32) {
-      stages[stage][i / kVectors][i % kVectors] = line_vector(epoch, chunk * kBulkLines + i / kVectors, i % kVectors);
+    for (int i = lane; i < kStageLines * kVectors; i += 32) {
+      stages[stage][i / kVectors][i % kVectors] = line_vector(epoch, chunk * kStageLines + i / kVectors, i % kVectors);
     }
     kernels::fence_async_shared();
     __syncwarp();
     if (lane == 0) {
-      kernels::bulk_store(&peer->bulk[chunk * kBulkLines][0], &stages[stage][0][0], sizeof(BulkStage));
+      const int n = 1 + chunk % (kStageLines - 1), first = chunk * kStageLines;
+      kernels::bulk_store(&peer->bulk[first][0], &stages[stage][0][0], uint32_t(n * sizeof(uint4) * kVectors));
+      kernels::bulk_commit();
+      kernels::bulk_store(&peer->bulk[first + n][0], &stages[stage][n][0],
+                          uint32_t((kStageLines - n) * sizeof(uint4) * kVectors));
       kernels::bulk_commit();
     }
   }

@@ -15,7 +15,7 @@ struct StampProbe {
   int64_t missing_16 = 0;   // vectors whose stamp never showed within the bound
   int64_t torn_128 = 0;     // 128-byte lines' vectors seen with the line's stamp current and older payload
   int64_t missing_128 = 0;  // lines whose stamp never showed within the bound
-  int64_t torn_bulk = 0;    // the same for lines written by bulk copies (8 lines each)
+  int64_t torn_bulk = 0;    // the same for lines written by bulk copies (1 to 7 lines each)
   int64_t missing_bulk = 0;
 };
 

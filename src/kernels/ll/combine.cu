@@ -234,7 +234,6 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
     return weights == PeerWait::arrived;
   };
   if (!ensure_set_free<transport::TracePoint::ll_combine_free>(v, core::kLlCombine, p.set, cseq, free)) return false;
-  if constexpr (kBulkLines) order_line_stores();
   sent = true;
   const int items = row_items(p);
   for (int g = part; g < items; g += parts) {

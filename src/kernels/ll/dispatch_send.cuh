@@ -292,7 +292,8 @@ __device__ bool send_routing(const DispatchParams& p, const int16_t* experts, ui
 }
 
 // One warp: item g of token t (its vectors `x`, load_item) to every destination rank (where kBulkLines,
-// staged once through `stages`). Returns false when the team failed.
+// staged once through `stages`, and not at all for a token with no destination). Returns false when the
+// team failed.
 template <bool kFp8>
 __device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int g,
                           const uint4 (&x)[2], SetFree& free, LineStages& stages) {
@@ -301,7 +302,7 @@ __device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint6
   const int lines = row_lines<kFp8>(p);
   const uint4* stage = nullptr;
   if constexpr (kBulkLines) {
-    order_line_stores();
+    if (to.leaders == 0u) return true;
     stage = stage_item(x, stages);
   }
   for (uint32_t rest = to.leaders; rest != 0u; rest &= rest - 1u) {

@@ -181,10 +181,13 @@ __device__ void store_lines(uint4* row, int first, int lines, const uint4 (&x)[N
 // item's two instructions into a stage (the warp's 1 KiB of shared memory, in the lines' order: lane
 // i's vector of instruction 2 g + j at j * 32 + i), each lane fencing its writes for the copy engine;
 // then store_staged_item (once per destination row) has lane 0 store the item's lines below `lines`
-// with one bulk copy. A warp has two stages and alternates (LineStages); lane 0 waits until the copies
+// with one bulk copy. Every stage_item is followed by at least one store_staged_item (an item with no
+// destination is not staged), so the copies that read a stage are all older than the newest copy of
+// the item after it. A warp has two stages and alternates (LineStages); lane 0 waits until the copies
 // that read a stage are done reading before the lanes write it again, and before the CTA exits
-// (finish_line_stores). Where the stores follow a wait for a "freed" flag (protocol above), lane 0's
-// proxy fence orders that wait before them (order_line_stores).
+// (finish_line_stores). Overwriting a peer's set is safe for the same reason as with store_lines: the
+// copies are issued only once the warp has seen every peer's "freed" flag (protocol above), written
+// after that peer's reads of the set had completed.
 // Experiment (EPX_LL_BULK_LINES, CMakeLists.txt): both kernels' sends use it in place of store_lines
 // when set.
 #ifdef EPX_LL_BULK_LINES
@@ -203,14 +206,11 @@ __device__ inline LineStages warp_line_stages() {
   __shared__ uint4 stages[kBulkLines ? kWarpsPerCta * 2 * kItemVectors : 1];
   return LineStages{stages + (kBulkLines ? threadIdx.x / kWarp * 2 * kItemVectors : 0), 0};
 }
-__device__ __forceinline__ void order_line_stores() {
-  if (threadIdx.x % kWarp == 0) fence_async_global();
-}
 __device__ inline const uint4* stage_item(const uint4 (&x)[2], LineStages& stages) {
   const int lane = int(threadIdx.x % kWarp);
   uint4* stage = stages.base + stages.next * kItemVectors;
   stages.next ^= 1;
-  // The copies of the item two back read this stage: at most the previous item's last copy may still read.
+  // The copies of the item two back read this stage: all but the newest copy (the previous item's last) are done.
   if (lane == 0) bulk_wait_read<1>();
   __syncwarp();
   stage[lane] = x[0];
