@@ -17,18 +17,12 @@
 #include "bench/limits.hpp"
 #include "bench/ll_bench.hpp"
 #include "bench/targets.hpp"
+#include "core/ll_areas.hpp"
 #include "epx/version.hpp"
 #include "launcher/launcher.hpp"
 
 namespace epx::bench {
 namespace {
-
-// The build's LL line stores (CMakeLists.txt's EPX_LL_BULK_LINES experiment): recorded with the results.
-#ifdef EPX_LL_BULK_LINES
-constexpr bool kLlBulkLines = true;
-#else
-constexpr bool kLlBulkLines = false;
-#endif
 
 struct Args {
   std::string json_path = "epx-bench.json";
@@ -304,7 +298,7 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .field("commit", args.commit.empty() ? std::string("unknown") : args.commit)
       .field("epx_version", EPX_VERSION_STRING)
       .field("ranks", ranks)
-      .field("ll_bulk_lines", kLlBulkLines);
+      .field("ll_bulk_lines", core::kLlBulkLines);
   j.begin_object("limits")
       .field("nvlink_measured", limits.measured_nvlink)
       .field("nvlink_sm_store_gbps", limits.nvlink_sm_store_gbps)
@@ -389,7 +383,7 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
   const double mib = double(ll.buffer_bytes) / (1 << 20);
   std::printf("\nLL, %d rank(s): %d tokens per rank (= T_max), hidden %d, top-%d of %d experts, %d SMs%s\n", ll.ranks,
               ll.tokens, ll.hidden, ll.topk, ll.experts, ll.rows.empty() ? 0 : ll.rows.front().sms,
-              kLlBulkLines ? "; lines stored by bulk copies (EPX_LL_BULK_LINES)" : "");
+              core::kLlBulkLines ? "; lines stored by bulk copies (EPX_LL_BULK_LINES)" : "");
   std::printf(
       "LL buffer %.1f MiB per rank (target <= %zu MB: %s); one-way flag latency %.2f us, a graph of one empty "
       "kernel timed as these calls %.2f us\n",

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/cuda_check.hpp"
 #include "epx/ll.hpp"
 #include "expect_error.hpp"
 #include "gpu_test_env.hpp"
@@ -237,13 +238,10 @@ __global__ void hold_kernel(uint64_t ns) {
   } while (now - start < ns);
 }
 
-// Loads hold_kernel's code now: a body calls it before its team's first collective step. Loaded lazily
-// at its first launch, it would wait for the kernels already running, other ranks' waiting for this
-// one included (detail::load_kernel; seen: LlWaitCycles' single-GPU case timed out on 2026-11-23).
-void load_hold_kernel() {
-  cudaFuncAttributes attributes{};
-  ASSERT_EQ(cudaFuncGetAttributes(&attributes, hold_kernel), cudaSuccess);
-}
+// Loads hold_kernel's code now (detail::load_kernel): a body calls it before its team's first collective
+// step. Loaded lazily at its first launch, it would wait for the kernels already running, other ranks'
+// waiting for this one included (seen: LlWaitCycles' single-GPU case timed out on 2026-11-23).
+void load_hold_kernel() { detail::load_kernel(reinterpret_cast<const void*>(hold_kernel), "hold_kernel"); }
 
 // (7) The home ranks' weights given to combine, on half the ranks: odd ranks give theirs to combine
 // (their dispatch has none), even ranks to dispatch, so an expert side takes some messages' weights

@@ -93,11 +93,7 @@ __device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, i
            : col[j] < p.hidden    ? data[j]
                                   : make_uint4(0u, 0u, 0u, 0u);
   }
-  if constexpr (kBulkLines) {
-    store_staged_item(row, g, row_lines(p), stage_item(x, stages));
-  } else {
-    store_lines(row, 2 * g, row_lines(p), x);
-  }
+  store_item_lines(row, g, row_lines(p), x, stage_item(x, stages));
 }
 
 // What dispatch recorded of message (s, t) (its private record): its slots, and lane k's slot k packed

@@ -300,18 +300,11 @@ __device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint6
   const TokenRanks to = token_ranks(p, experts, t);
   if (!set_free(p, seq, free)) return false;
   const int lines = row_lines<kFp8>(p);
-  const uint4* stage = nullptr;
-  if constexpr (kBulkLines) {
-    if (to.leaders == 0u) return true;
-    stage = stage_item(x, stages);
-  }
+  if (kBulkLines && to.leaders == 0u) return true;  // no destination: no stage (stage_item)
+  const uint4* stage = stage_item(x, stages);
   for (uint32_t rest = to.leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, to.rank, __ffs(rest) - 1);
-    if constexpr (kBulkLines) {
-      store_staged_item(p.v.payload(dest, p.set, p.v.team.rank, t), g, lines, stage);
-    } else {
-      store_lines(p.v.payload(dest, p.set, p.v.team.rank, t), 2 * g, lines, x);
-    }
+    store_item_lines(p.v.payload(dest, p.set, p.v.team.rank, t), g, lines, x, stage);
   }
   return true;
 }

@@ -188,13 +188,9 @@ __device__ void store_lines(uint4* row, int first, int lines, const uint4 (&x)[N
 // (finish_line_stores). Overwriting a peer's set is safe for the same reason as with store_lines: the
 // copies are issued only once the warp has seen every peer's "freed" flag (protocol above), written
 // after that peer's reads of the set had completed.
-// Experiment (EPX_LL_BULK_LINES, CMakeLists.txt): both kernels' sends use it in place of store_lines
-// when set.
-#ifdef EPX_LL_BULK_LINES
-inline constexpr bool kBulkLines = true;
-#else
-inline constexpr bool kBulkLines = false;
-#endif
+// Experiment (core::kLlBulkLines): both kernels' sends use it in place of store_lines when set
+// (store_item_lines).
+inline constexpr bool kBulkLines = core::kLlBulkLines;
 constexpr int kItemVectors = kLinesPerItem * core::kLlLineVectors;
 struct LineStages {
   uint4* base;  // the warp's two stages: 2 x kItemVectors vectors of shared memory
@@ -206,18 +202,24 @@ __device__ inline LineStages warp_line_stages() {
   __shared__ uint4 stages[kBulkLines ? kWarpsPerCta * 2 * kItemVectors : 1];
   return LineStages{stages + (kBulkLines ? threadIdx.x / kWarp * 2 * kItemVectors : 0), 0};
 }
+// Where !kBulkLines: nothing (null).
 __device__ inline const uint4* stage_item(const uint4 (&x)[2], LineStages& stages) {
-  const int lane = int(threadIdx.x % kWarp);
-  uint4* stage = stages.base + stages.next * kItemVectors;
-  stages.next ^= 1;
-  // The copies of the item two back read this stage: all but the newest copy (the previous item's last) are done.
-  if (lane == 0) bulk_wait_read<1>();
-  __syncwarp();
-  stage[lane] = x[0];
-  stage[kWarp + lane] = x[1];
-  fence_async_shared();
-  __syncwarp();
-  return stage;
+  if constexpr (kBulkLines) {
+    const int lane = int(threadIdx.x % kWarp);
+    uint4* stage = stages.base + stages.next * kItemVectors;
+    stages.next ^= 1;
+    // The copies of the item two back read this stage: all but the newest copy (the previous item's
+    // last) are done.
+    if (lane == 0) bulk_wait_read<1>();
+    __syncwarp();
+    stage[lane] = x[0];
+    stage[kWarp + lane] = x[1];
+    fence_async_shared();
+    __syncwarp();
+    return stage;
+  } else {
+    return nullptr;
+  }
 }
 __device__ inline void store_staged_item(uint4* row, int g, int lines, const uint4* stage) {
   if (threadIdx.x % kWarp != 0) return;
@@ -225,6 +227,14 @@ __device__ inline void store_staged_item(uint4* row, int g, int lines, const uin
   bulk_store(row + first * core::kLlLineVectors, stage,
              uint32_t(min(kLinesPerItem, lines - first)) * core::kLlLineBytes);
   bulk_commit();
+}
+// A send item's lines to `row`: store_lines, or where kBulkLines the bulk copy of `stage` (stage_item's).
+__device__ inline void store_item_lines(uint4* row, int g, int lines, const uint4 (&x)[2], const uint4* stage) {
+  if constexpr (kBulkLines) {
+    store_staged_item(row, g, lines, stage);
+  } else {
+    store_lines(row, 2 * g, lines, x);
+  }
 }
 __device__ __forceinline__ void finish_line_stores() {
   if (threadIdx.x % kWarp == 0) bulk_wait_all();
