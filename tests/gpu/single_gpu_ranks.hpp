@@ -47,9 +47,19 @@ namespace epx::test {
 // ranks are processes with their own hardware queues).
 inline thread_local std::barrier<>* rank_threads_meeting = nullptr;
 
-// Runs submit() (one call of this rank, or one graph launch) once every rank thread of a single-GPU
-// team has come here, waits until every one has submitted too (see the rule above; also when submit()
-// throws), and returns what submit() returned. On a world team it only runs submit().
+// The world team of the running body (on_ranks; null otherwise). Its ranks are processes: they meet
+// before each call too (meet_world_ranks, world_meeting.cu), so that a call's ranks start together
+// however long each took to check the previous call's outputs. Without it a rank that checked many
+// more rows than the others (a skewed routing at T = 1024 on 4 GPUs, 2026-11-28) came to the next call
+// seconds after the others, whose waits for it expired.
+inline thread_local Team* world_meeting = nullptr;
+void prepare_world_meeting();     // loads the meeting's kernel: before the team's first call
+void meet_world_ranks(Team& team);  // returns once every rank of `team` has come
+
+// Runs submit() (one call of this rank, or one graph launch) once every rank of the team has come
+// here (a single-GPU team's threads, or a world team's processes), waits until every rank thread of a
+// single-GPU team has submitted too (see the rule above; also when submit() throws), and returns what
+// submit() returned.
 template <typename Submit>
 decltype(auto) submit_together(Submit submit) {
   struct MeetAfter {
@@ -58,6 +68,7 @@ decltype(auto) submit_together(Submit submit) {
     }
   };
   if (rank_threads_meeting != nullptr) rank_threads_meeting->arrive_and_wait();
+  if (world_meeting != nullptr) meet_world_ranks(*world_meeting);
   const MeetAfter meet_after;
   return submit();
 }
@@ -113,6 +124,11 @@ void on_ranks(int single_gpu_ranks, Body body) {
   }
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  prepare_world_meeting();
+  struct Meeting {
+    explicit Meeting(Team& team) { world_meeting = &team; }
+    ~Meeting() { world_meeting = nullptr; }
+  } const meeting(world_team());
   body(world_team(), stream);
   cudaStreamDestroy(stream);
 }
