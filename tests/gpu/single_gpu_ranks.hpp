@@ -53,7 +53,7 @@ inline thread_local std::barrier<>* rank_threads_meeting = nullptr;
 // more rows than the others (a skewed routing at T = 1024 on 4 GPUs, 2026-11-28) came to the next call
 // seconds after the others, whose waits for it expired.
 inline thread_local Team* world_meeting = nullptr;
-void prepare_world_meeting();     // loads the meeting's kernel: before the team's first call
+void prepare_world_meeting();       // loads the meeting's kernel: before the team's first call
 void meet_world_ranks(Team& team);  // returns once every rank of `team` has come
 
 // Runs submit() (one call of this rank, or one graph launch) once every rank of the team has come
