@@ -297,8 +297,7 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .field("date", today())
       .field("commit", args.commit.empty() ? std::string("unknown") : args.commit)
       .field("epx_version", EPX_VERSION_STRING)
-      .field("ranks", ranks)
-      .field("ll_bulk_lines", core::kLlBulkLines);
+      .field("ranks", ranks);
   j.begin_object("limits")
       .field("nvlink_measured", limits.measured_nvlink)
       .field("nvlink_sm_store_gbps", limits.nvlink_sm_store_gbps)
@@ -381,9 +380,8 @@ void print_ht_tuning(const HtBenchResult& ht) {
 // LL times next to the latency floor measured above: "x flag" is time_us / the one-way flag latency.
 void print_ll_table(const LlBenchResult& ll, const Limits& l) {
   const double mib = double(ll.buffer_bytes) / (1 << 20);
-  std::printf("\nLL, %d rank(s): %d tokens per rank (= T_max), hidden %d, top-%d of %d experts, %d SMs%s\n", ll.ranks,
-              ll.tokens, ll.hidden, ll.topk, ll.experts, ll.rows.empty() ? 0 : ll.rows.front().sms,
-              core::kLlBulkLines ? "; lines stored by bulk copies (EPX_LL_BULK_LINES)" : "");
+  std::printf("\nLL, %d rank(s): %d tokens per rank (= T_max), hidden %d, top-%d of %d experts, %d SMs\n", ll.ranks,
+              ll.tokens, ll.hidden, ll.topk, ll.experts, ll.rows.empty() ? 0 : ll.rows.front().sms);
   std::printf(
       "LL buffer %.1f MiB per rank (target <= %zu MB: %s); one-way flag latency %.2f us, a graph of one empty "
       "kernel timed as these calls %.2f us\n",

@@ -25,8 +25,9 @@ namespace kh = kernels::ht;
 // - EP=2 (nvidia-h200-x2.json, b98a7d4): dispatch BF16 and FP8 gain nothing past 16 (BF16 310.5, 213.6,
 //   179.8, 179.9, 181.1, 180.4 us); the combine is fastest at 16 (203.2, then 214.6, 233.2, 237.6 at 20 to
 //   32) and the zero-copy combine within 0.2 us of its best there (193.5; 193.3 at 24).
-// - EP=4 (nvidia-h200-x4-2026-11-22-9a69a22.json): the combine is fastest at 16 and slower with more; dispatch is
-//   8-9% faster at 32.
+// - EP=4 (nvidia-h200-x4.json, 86c8fef): dispatch is within 1.2% from 12 to 32 (BF16 477.1 at 12, 482.6 at 16,
+//   494.4 at 32 us); the combine is fastest at 16 (529.4; 542.8 at 12, 542.6 at 24) and so is the
+//   zero-copy combine (510.8).
 // - EP=8 (nvidia-h200-x8.json, 92475b3): dispatch BF16 is fastest at 8 (875, 1001, 946, 947, 926, 888 us)
 //   and FP8 nearly so (518 at 8, 510 at 32, 540 at 16); the combine is 3% slower at 8 than at 16 (1060
 //   against 1026 us). Dispatch and combine together take 1935 us at 8 SMs, 1972 at 16 and 1933 at 32,

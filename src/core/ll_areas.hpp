@@ -66,13 +66,6 @@ inline constexpr uint32_t ll_stamp(uint64_t seq) { return uint32_t(seq % 0xFFFFF
 // line's stamp takes the whole line: NVLink delivers a warp's 128-byte line whole (NCCL's LL128 rests on
 // the same; epx-bench's stamp probe counts torn lines in every run).
 inline constexpr int kLlLineBytes = 128, kLlLineVectors = 8, kLlLineDataBytes = 112;
-// The experiment EPX_LL_BULK_LINES (CMakeLists.txt): the kernels store the lines of a send item with one
-// bulk copy instead (kernels/ll/protocol.cuh); the bench records which.
-#ifdef EPX_LL_BULK_LINES
-inline constexpr bool kLlBulkLines = true;
-#else
-inline constexpr bool kLlBulkLines = false;
-#endif
 inline constexpr int ll_row_lines(int row_bytes) { return (row_bytes + kLlLineDataBytes - 1) / kLlLineDataBytes; }
 // A manifest's words (a bit per token, 32 a word) for T_max tokens.
 inline constexpr int ll_manifest_words(int max_tokens) { return (max_tokens + 31) / 32; }

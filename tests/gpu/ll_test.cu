@@ -90,7 +90,7 @@ std::vector<LlCase> cases() {
       {2, 32, 32, 4096, 8, 288, Rt::one_hot, 0.1, P::bf16, true, true, false, true, false,
        "SingleGpu2_E288_OneHot_RepeatedExperts_Bf16"},
       // One slot, often empty, on one SM per rank: each warp sends many items, some of tokens that go
-      // nowhere between others that do (EPX_LL_BULK_LINES: such items take no stage).
+      // nowhere between others that do.
       {2, 128, 128, 2048, 1, 64, Rt::uniform, 0.3, P::fp8, false, true, false, false, false,
        "SingleGpu2_K1_ManyEmpty_OneSmEach_Fp8", 1},
       // Rows of 640 columns: FP8, 6 lines in one send item of 8 (5 scale groups; lines past the row unsent).

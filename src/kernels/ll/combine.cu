@@ -4,8 +4,8 @@
 // Protocol, for combine buffer set `set`, reversing the dispatch of set `dset` (areas of
 // core::LlAreas; the sequence number and the "set is free" wait as in protocol.cuh). The rows travel as
 // lines (core::kLlLineBytes: 7 vectors of the row and a stamp vector holding ll_stamp(cseq), a warp's
-// store instruction writing 4 whole lines; in the kBulkLines experiment one bulk copy an item's 8), so
-// the home rank takes each line once its stamp shows: there is no "ready" flag, no fence and no count.
+// store instruction writing 4 whole lines), so the home rank takes each line once its stamp shows: there is no "ready"
+// flag, no fence and no count.
 //   Weights (home me, local order, when my dispatch had none and this call was given them): first, per
 //   token t, for each valid slot k whose expert is on a rank r other than me and not masked now,
 //   word k of combine_weights(r, set, me, t) = the weight, stamped (core::LlWord), after the warp's
@@ -82,9 +82,9 @@ __device__ int row_lines(const CombineParams& p) { return core::ll_row_lines(2 *
 __device__ int row_items(const CombineParams& p) { return int(p.by_row_items.d); }
 
 // This lane's share of item g of `row` (`col` as line_col gives it): a data vector (zeros past the
-// row), or the stamp vector on lanes 8 m + 7; through `stages` where kBulkLines.
+// row), or the stamp vector on lanes 8 m + 7.
 __device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, int g, const int (&col)[2],
-                           const uint4 (&data)[2], LineStages& stages) {
+                           const uint4 (&data)[2]) {
   const int vector = line_vector();
   uint4 x[2];
 #pragma unroll
@@ -93,7 +93,7 @@ __device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, i
            : col[j] < p.hidden    ? data[j]
                                   : make_uint4(0u, 0u, 0u, 0u);
   }
-  store_item_lines(row, g, row_lines(p), x, stage_item(x, stages));
+  store_lines(row, 2 * g, row_lines(p), x);
 }
 
 // What dispatch recorded of message (s, t) (its private record): its slots, and lane k's slot k packed
@@ -216,7 +216,7 @@ __device__ bool reduce_slots(const CombineParams& p, MessageRecord& m, const int
 // `sent`: set when the warp stores anything.
 template <bool kNaive>
 __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t, int part, int parts, SetFree& free,
-                             LineStages& stages, bool& sent) {
+                             bool& sent) {
   const LlView& v = p.v;
   const int me = v.team.rank;
   const uint32_t stamp = core::ll_stamp(cseq);
@@ -240,14 +240,14 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
       for (uint32_t rest = m.slots; rest != 0u; rest &= rest - 1u) {
         const int slot = __ffs(rest) - 1;
         load_y(p, __shfl_sync(~0u, m.row_of_slot, slot), col, data);
-        store_item(p, v.combine_row(s, p.set, slot, t), stamp, g, col, data, stages);
+        store_item(p, v.combine_row(s, p.set, slot, t), stamp, g, col, data);
       }
       continue;
     }
     // s masked while the warp awaited its weights: nothing more goes to s.
     if (!reduce_slots<kRowsInFlight>(p, m, col, data, settle)) return weights != PeerWait::failed;
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_reduced>(v.team);
-    store_item(p, v.combine_row(s, p.set, me, t), stamp, g, col, data, stages);
+    store_item(p, v.combine_row(s, p.set, me, t), stamp, g, col, data);
   }
   return true;
 }
@@ -298,7 +298,7 @@ __device__ int first_item(int items, bool receive) {
 }
 
 template <bool kNaive>
-__device__ void send(const CombineParams& p, uint64_t cseq, LineStages& stages) {
+__device__ void send(const CombineParams& p, uint64_t cseq) {
   const LlView& v = p.v;
   const int me = v.team.rank;
   const bool direct = own_rows_direct(p);
@@ -310,7 +310,7 @@ __device__ void send(const CombineParams& p, uint64_t cseq, LineStages& stages) 
     const auto [message, part] = p.by_send_parts.split(uint32_t(item));
     const int home = int(v.by_max_tokens.quotient(message));
     const int s = direct && home >= me ? home + 1 : home;
-    ok = send_message<kNaive>(p, cseq, s, int(message) - home * v.max_tokens, int(part), parts, free, stages, sent);
+    ok = send_message<kNaive>(p, cseq, s, int(message) - home * v.max_tokens, int(part), parts, free, sent);
   }
   if (sent && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_sent>(v.team);
 }
@@ -458,21 +458,14 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
     own_partial<kRowsInFlight>(p, int(t), col, own_first[threadIdx.x]);
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_own>(p.v.team);
   }
-  LineStages stages = warp_line_stages<kWarps>();
-  if (p.phases & kSend) send<kNaive>(p, cseq, stages);
+  if (p.phases & kSend) send<kNaive>(p, cseq);
   if (p.phases & kReceive) receive<kNaive>(p, cseq, early_own ? own_first : nullptr);
-  if constexpr (kBulkLines) finish_line_stores();
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_end>(p.v.team);
 }
 
 }  // namespace
 
 void load_combine_kernel() {
-  // The line stages and the early own rows together pass the 48 KiB a kernel has without asking.
-  if constexpr (kBulkLines) {
-    detail::allow_dynamic_shared_memory(reinterpret_cast<const void*>(combine_kernel<false>), int(kEarlyOwnBytes),
-                                        "LL combine kernel (local order)");
-  }
   detail::load_kernel(reinterpret_cast<const void*>(combine_kernel<false>), "LL combine kernel (local order)");
   detail::load_kernel(reinterpret_cast<const void*>(combine_kernel<true>), "LL combine kernel (naive order)");
 }

@@ -4,8 +4,7 @@
 // Protocol, for buffer set `set` (areas of core::LlAreas; the sequence number seq and the "set is free"
 // wait as in protocol.cuh). Everything a source writes into a destination's areas carries the call's
 // stamp ll_stamp(seq): the routing as stamped words (core::LlWord), the payloads as lines
-// (core::kLlLineBytes, a warp's store instruction writing 4 whole lines; in the EPX_LL_BULK_LINES
-// experiment one bulk copy a send item's 8, protocol.cuh), so a receiver takes each word
+// (core::kLlLineBytes, a warp's store instruction writing 4 whole lines), so a receiver takes each word
 // or line once it carries this call's stamp: there is no "ready" flag, no fence and no count before the
 // receive can start.
 //   Send (rank me). Every CTA first stages my top-k table in shared memory (int16, -1 for none, an
@@ -21,8 +20,7 @@
 //     * Send items (a warp per token t and 8 lines of its row): payload(r, set, me, t) = the row as
 //       lines (BF16, or FP8 cast once here with its group scales in the stamp vectors) for every
 //       destination rank r of t.
-//     All of them plain volatile stores over NVLink (8-byte words, 16-byte line vectors; the payload
-//     lines by bulk copies in the EPX_LL_BULK_LINES experiment), in no order.
+//     All of them plain volatile stores over NVLink (8-byte words, 16-byte line vectors), in no order.
 //   Receive (rank me). A source masked in the CTA's view of the mask (taken when the send step starts in a
 //   launch with both steps, else when the receive step starts; a masked source counts as having sent nothing,
 //   see protocol.cuh) is not read. Warps take (message, part of its payload) work items. Message (s, t): the
@@ -62,7 +60,6 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask: see send and receive
   if (p.phases & kSend) send<kFp8>(p, seq, masked);
   if (p.phases & kReceive) receive<kFp8>(p, seq, masked);
-  if constexpr (kBulkLines) finish_line_stores();
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_end>(p.v.team);
 }
 

@@ -291,20 +291,17 @@ __device__ bool send_routing(const DispatchParams& p, const int16_t* experts, ui
   return true;
 }
 
-// One warp: item g of token t (its vectors `x`, load_item) to every destination rank (where kBulkLines,
-// staged once through `stages`, and not at all for a token with no destination). Returns false when the
-// team failed.
+// One warp: item g of token t (its vectors `x`, load_item) to every destination rank. Returns false when
+// the team failed.
 template <bool kFp8>
 __device__ bool send_item(const DispatchParams& p, const int16_t* experts, uint64_t seq, int t, int g,
-                          const uint4 (&x)[2], SetFree& free, LineStages& stages) {
+                          const uint4 (&x)[2], SetFree& free) {
   const TokenRanks to = token_ranks(p, experts, t);
   if (!set_free(p, seq, free)) return false;
   const int lines = row_lines<kFp8>(p);
-  if (kBulkLines && to.leaders == 0u) return true;  // no destination: no stage (stage_item)
-  const uint4* stage = stage_item(x, stages);
   for (uint32_t rest = to.leaders; rest != 0u; rest &= rest - 1u) {
     const int dest = __shfl_sync(~0u, to.rank, __ffs(rest) - 1);
-    store_item_lines(p.v.payload(dest, p.set, p.v.team.rank, t), g, lines, x, stage);
+    store_lines(p.v.payload(dest, p.set, p.v.team.rank, t), 2 * g, lines, x);
   }
   return true;
 }
@@ -423,7 +420,6 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   bool ok = !counting || send_counts_and_manifests(p, experts, masked, counts, seq, free);
   if (counting && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_counts_sent>(v.team);
   bool sent_lines = false;  // for the phase trace
-  LineStages stages = warp_line_stages<kWarps>();
   for (int i = first; ok && i < work; i += warps) {
     if (i < routing) {
       if (i != first) weight = load_weight(p, i);
@@ -432,7 +428,7 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
     }
     const auto [t, g] = p.by_row_items.split(uint32_t(i - routing));
     if (i != first) load_item<kFp8>(p, stamp, int(t), int(g), vectors);
-    ok = send_item<kFp8>(p, experts, seq, int(t), int(g), vectors, free, stages);
+    ok = send_item<kFp8>(p, experts, seq, int(t), int(g), vectors, free);
     sent_lines = ok;
   }
   if (sent_lines && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);

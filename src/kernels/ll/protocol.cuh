@@ -39,7 +39,6 @@
 
 #include <cstdint>
 
-#include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/grid.cuh"
 #include "kernels/ll/ll_view.hpp"
 #include "transport/device/phase_trace.hpp"
@@ -174,70 +173,6 @@ __device__ void store_lines(uint4* row, int first, int lines, const uint4 (&x)[N
     const int line = instruction_line(first + b);
     if (line < lines) store_vector(row + line * core::kLlLineVectors + line_vector(), x[b]);
   }
-}
-
-// The same lines of work item g through the copy engine (kernels/common/bulk_copy.cuh), so that the
-// SM's load/store path stays free for the loads that follow: stage_item puts the lanes' vectors of the
-// item's two instructions into a stage (the warp's 1 KiB of shared memory, in the lines' order: lane
-// i's vector of instruction 2 g + j at j * 32 + i), each lane fencing its writes for the copy engine;
-// then store_staged_item (once per destination row) has lane 0 store the item's lines below `lines`
-// with one bulk copy. Every stage_item is followed by at least one store_staged_item (an item with no
-// destination is not staged), so the copies that read a stage are all older than the newest copy of
-// the item after it. A warp has two stages and alternates (LineStages); lane 0 waits until the copies
-// that read a stage are done reading before the lanes write it again, and before the CTA exits
-// (finish_line_stores). Overwriting a peer's set is safe for the same reason as with store_lines: the
-// copies are issued only once the warp has seen every peer's "freed" flag (protocol above), written
-// after that peer's reads of the set had completed.
-// Experiment (core::kLlBulkLines): both kernels' sends use it in place of store_lines when set
-// (store_item_lines).
-inline constexpr bool kBulkLines = core::kLlBulkLines;
-constexpr int kItemVectors = kLinesPerItem * core::kLlLineVectors;
-struct LineStages {
-  uint4* base;  // the warp's two stages: 2 x kItemVectors vectors of shared memory
-  int next;     // the stage the next item goes into
-};
-// This warp's two stages, in its CTA's shared memory (kWarpsPerCta warps; none where !kBulkLines).
-template <int kWarpsPerCta>
-__device__ inline LineStages warp_line_stages() {
-  __shared__ uint4 stages[kBulkLines ? kWarpsPerCta * 2 * kItemVectors : 1];
-  return LineStages{stages + (kBulkLines ? threadIdx.x / kWarp * 2 * kItemVectors : 0), 0};
-}
-// Where !kBulkLines: nothing (null).
-__device__ inline const uint4* stage_item(const uint4 (&x)[2], LineStages& stages) {
-  if constexpr (kBulkLines) {
-    const int lane = int(threadIdx.x % kWarp);
-    uint4* stage = stages.base + stages.next * kItemVectors;
-    stages.next ^= 1;
-    // The copies of the item two back read this stage: all but the newest copy (the previous item's
-    // last) are done.
-    if (lane == 0) bulk_wait_read<1>();
-    __syncwarp();
-    stage[lane] = x[0];
-    stage[kWarp + lane] = x[1];
-    fence_async_shared();
-    __syncwarp();
-    return stage;
-  } else {
-    return nullptr;
-  }
-}
-__device__ inline void store_staged_item(uint4* row, int g, int lines, const uint4* stage) {
-  if (threadIdx.x % kWarp != 0) return;
-  const int first = kLinesPerItem * g;
-  bulk_store(row + first * core::kLlLineVectors, stage,
-             uint32_t(min(kLinesPerItem, lines - first)) * core::kLlLineBytes);
-  bulk_commit();
-}
-// A send item's lines to `row`: store_lines, or where kBulkLines the bulk copy of `stage` (stage_item's).
-__device__ inline void store_item_lines(uint4* row, int g, int lines, const uint4 (&x)[2], const uint4* stage) {
-  if constexpr (kBulkLines) {
-    store_staged_item(row, g, lines, stage);
-  } else {
-    store_lines(row, 2 * g, lines, x);
-  }
-}
-__device__ __forceinline__ void finish_line_stores() {
-  if (threadIdx.x % kWarp == 0) bulk_wait_all();
 }
 
 // Loads this lane's vectors of instructions first .. first + N - 1 of `row` (those below `end` whose
