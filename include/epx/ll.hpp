@@ -137,7 +137,8 @@ struct LlDispatchArgs {
   int64_t* cumulative_wait_cycles = nullptr;
 };
 
-// What combine needs to know about a dispatch (a small value; copy it freely).
+// What combine needs to know about a dispatch (a small value; copy it freely, but pass it back as it
+// was: combine refuses a handle whose fields differ from what its dispatch returned, or a stale one).
 struct LlHandle {
   const void* buffer = nullptr;  // the LlBuffer that made it
   int set = 0;                   // which of the two dispatch buffer sets

@@ -31,6 +31,7 @@ namespace {
 struct SetState {
   uint64_t generation = 0;       // calls made on the set
   bool receive_pending = false;  // a send_only call whose receive step has not been launched
+  LlHandle issued;               // dispatch sets: the handle the set's latest dispatch returned
 };
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -146,10 +147,22 @@ int LlBuffer::Impl::next_set(SetState* sets, uint64_t& calls_made, const char* w
 }
 
 void LlBuffer::Impl::require_current(const LlHandle& h, const char* what) const {
-  EPX_REQUIRE(h.generation == dispatch_sets[h.set].generation,
+  EPX_REQUIRE(h.set >= 0 && h.set < core::kLlSets, std::string(what) + ": the handle names buffer set " + str(h.set) +
+                                                       " (there are " + str(core::kLlSets) +
+                                                       "): it was altered after its dispatch returned it");
+  const SetState& state = dispatch_sets[h.set];
+  EPX_REQUIRE(h.generation == state.generation,
               std::string(what) +
                   ": the handle is stale: its dispatch buffer set has been reused by a later dispatch (a handle lasts "
                   "until the dispatch two calls after its own)");
+  // The device keeps its own record of the dispatch: a handle that says otherwise would make the
+  // kernels wait for rows or weights that never come.
+  const LlHandle& issued = state.issued;
+  EPX_REQUIRE(h.num_tokens == issued.num_tokens && h.topk == issued.topk && h.hidden == issued.hidden &&
+                  h.has_weights == issued.has_weights,
+              std::string(what) +
+                  ": the handle's num_tokens, topk, hidden or has_weights differ from what its dispatch returned; "
+                  "pass the handle back as it was");
 }
 
 // With send_only: the closure that launches the receive step on the caller's stream, once, after
@@ -385,6 +398,7 @@ LlDispatchResult LlBuffer::dispatch(const LlDispatchArgs& args, const Streams& s
   h.topk = int(K);
   h.hidden = int(H);
   h.has_weights = !args.topk_weights.empty() || T == 0;  // a rank with no tokens has no weights to give
+  im.dispatch_sets[set].issued = h;
   if (args.send_only) {
     p.phases = kl::kReceive;
     result.receive = im.receive_step(im.dispatch_sets[set], streams,

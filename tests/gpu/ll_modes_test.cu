@@ -445,6 +445,9 @@ void refuse_bad_combine_arguments(Rig& rig, const Streams& on, int rank) {
   };
   refused([&](LlCombineArgs& a) { a.handle = d[0].handle; }, {"handle"});
   refused([&](LlCombineArgs& a) { a.handle.buffer = &rig; }, {"handle"});
+  refused([&](LlCombineArgs& a) { a.handle.set = 2; }, {"handle", "buffer set 2", "altered"});
+  refused([&](LlCombineArgs& a) { a.handle.has_weights = false; }, {"handle", "has_weights", "as it was"});
+  refused([&](LlCombineArgs& a) { a.handle.num_tokens -= 1; }, {"handle", "num_tokens", "as it was"});
   refused(
       [&](LlCombineArgs& a) {
         a.handle = no_weights.handle;
