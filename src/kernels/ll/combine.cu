@@ -4,8 +4,8 @@
 // Protocol, for combine buffer set `set`, reversing the dispatch of set `dset` (areas of
 // core::LlAreas; the sequence number and the "set is free" wait as in protocol.cuh). The rows travel as
 // lines (core::kLlLineBytes: 7 vectors of the row and a stamp vector holding ll_stamp(cseq), a warp's
-// store instruction writing 4 whole lines), so the home rank takes each line once its stamp shows: there is no "ready"
-// flag, no fence and no count.
+// store instruction writing 4 whole lines), so the home rank takes each line once its stamp shows:
+// there is no "ready" flag, no fence and no count.
 //   Weights (home me, local order, when my dispatch had none and this call was given them): first, per
 //   token t, for each valid slot k whose expert is on a rank r other than me and not masked now,
 //   word k of combine_weights(r, set, me, t) = the weight, stamped (core::LlWord), after the warp's
