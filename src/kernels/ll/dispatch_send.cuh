@@ -61,18 +61,13 @@ __device__ float amax_of(const uint4& raw) {
 __device__ uint2 to_fp8(const uint4& raw, float inv) {
   float f[8];
   unpack_bf16(raw, f);
-  uint32_t words[2];
+  uint32_t pairs[4];  // columns 2 i (low byte) and 2 i + 1, one conversion instruction each
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const uint32_t q = __nv_cvt_float_to_fp8(__fmul_rn(f[4 * i + b], inv), __NV_SATFINITE, __NV_E4M3);
-      word |= q << (8 * b);
-    }
-    words[i] = word;
+  for (int i = 0; i < 4; ++i) {
+    pairs[i] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[2 * i], inv), __fmul_rn(f[2 * i + 1], inv)),
+                                        __NV_SATFINITE, __NV_E4M3);
   }
-  return make_uint2(words[0], words[1]);
+  return make_uint2(pairs[0] | pairs[1] << 16, pairs[2] | pairs[3] << 16);
 }
 
 // Lane k: how many of my tokens before t name slot k's expert (`expert`, -1: none), from the staged
@@ -197,8 +192,8 @@ __device__ uint32_t load_weight(const DispatchParams& p, int t) {
 }
 
 // One warp: this lane's vectors of item g of token t's row as they go on the wire (the stamp vectors
-// included). FP8: the lanes of a group reduce its amax in shared memory (a group spans lanes of both
-// instructions), and line 8 g + j's stamp vector carries group 7 g + j's scale (j < 7). Needs no
+// included). FP8: the warp reduces each group's amax (a group spans lanes of both instructions), and
+// line 8 g + j's stamp vector carries group 7 g + j's scale (j < 7). Needs no
 // routing, so a warp does it for its first item before the top-k table is staged.
 template <bool kFp8>
 __device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g, uint4 (&x)[2]) {
@@ -220,8 +215,6 @@ __device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g,
     return;
   }
   // FP8: this lane's 16 columns (byte = column) as two vectors of 8 BF16 columns each.
-  __shared__ uint32_t group_amax[kWarps][kItemGroups];  // float bits (>= 0: they order as the floats)
-  uint32_t* amax = group_amax[threadIdx.x / kWarp];
   uint4 raw[2][2] = {};
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
@@ -229,33 +222,41 @@ __device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g,
     raw[j][0] = *reinterpret_cast<const uint4*>(row + byte[j]);
     raw[j][1] = *reinterpret_cast<const uint4*>(row + byte[j] + 8);
   }
+  // Each group's amax over the warp (float bits >= 0 order as the floats; a lane's vectors count in
+  // their group, -1 for none); lane k < kItemGroups works out group k's scale and its inverse, and
+  // every lane takes those of its vectors' groups (the stamp lanes: of the group its line carries).
   const int lane = threadIdx.x % kWarp, item_byte = kLinesPerItem * core::kLlLineDataBytes * g;
-  if (lane < kItemGroups) amax[lane] = 0u;
-  __syncwarp();
+  int group[2];
+  uint32_t amax[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    if (byte[j] < bytes)
-      atomicMax(&amax[(byte[j] - item_byte) / kGroup], __float_as_uint(fmaxf(amax_of(raw[j][0]), amax_of(raw[j][1]))));
+    group[j] = byte[j] < bytes ? (byte[j] - item_byte) / kGroup : -1;
+    amax[j] = group[j] >= 0 ? __float_as_uint(fmaxf(amax_of(raw[j][0]), amax_of(raw[j][1]))) : 0u;
   }
-  __syncwarp();
+  uint32_t group_amax = 0u;  // lane k < kItemGroups: group k's
+#pragma unroll
+  for (int k = 0; k < kItemGroups; ++k) {
+    const uint32_t m = __reduce_max_sync(~0u, max(group[0] == k ? amax[0] : 0u, group[1] == k ? amax[1] : 0u));
+    if (lane == k) group_amax = m;
+  }
+  const float group_scale = fp8_scale(__uint_as_float(group_amax), p.round_scale);
+  const float group_inv = 1.0f / group_scale;
   const int groups = p.hidden / kGroup;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
+    const int k = line[j] % kLinesPerItem;  // the group a stamp lane's line carries
+    const int from = vector == kDataVectors ? k : max(group[j], 0);
+    const float scale = __shfl_sync(~0u, group_scale, from), inv = __shfl_sync(~0u, group_inv, from);
     if (vector == kDataVectors) {
-      const int k = line[j] % kLinesPerItem, group = kItemGroups * g + k;
-      const bool carries = k < kItemGroups && group < groups;
-      const float scale = carries ? fp8_scale(__uint_as_float(amax[k]), p.round_scale) : 0.0f;
-      x[j] = make_uint4(stamp, __float_as_uint(scale), 0u, 0u);
+      const bool carries = k < kItemGroups && kItemGroups * g + k < groups;
+      x[j] = make_uint4(stamp, __float_as_uint(carries ? scale : 0.0f), 0u, 0u);
     } else if (byte[j] < bytes) {
-      const float scale = fp8_scale(__uint_as_float(amax[(byte[j] - item_byte) / kGroup]), p.round_scale);
-      const float inv = 1.0f / scale;
       const uint2 lo = to_fp8(raw[j][0], inv), hi = to_fp8(raw[j][1], inv);
       x[j] = make_uint4(lo.x, lo.y, hi.x, hi.y);
     } else {
       x[j] = make_uint4(0u, 0u, 0u, 0u);
     }
   }
-  __syncwarp();  // every lane has read the amax before the warp's next item resets it
 }
 
 // Before a warp's first remote store of the call: the set is free at every peer (ensure_set_free).
