@@ -175,9 +175,9 @@ struct Traffic {
             double(received_rows) * 2 * H * (fp8 ? (1 + 4.0 / 128) / 2 : 1.0)};
   }
   OpBytes combine(LlCombineOrder order) const {
-    // Rows back travel as lines (core::kLlLineBytes, 112 bytes of row in each).
+    // Rows back travel as lines (core::kLlLineBytes, 124 bytes of row in each).
     const int64_t rows_back = order == LlCombineOrder::local ? remote_messages : remote_slots;
-    const double row_bytes = double(core::ll_row_line_bytes(int(hidden)));
+    const double row_bytes = double(core::ll_combine_row_line_bytes(int(hidden)));
     return {double(rows_back) * row_bytes, double(received_rows) * 2 * hidden};
   }
   // The local order with the weights given to combine: a stamped word per remote slot goes out first.

@@ -14,15 +14,14 @@ LlAreas ll_areas(const LlBufferOptions& o, int num_ranks) {
   a.combine_slots = std::max(num_ranks, o.max_topk);
   const std::size_t R = num_ranks, T = o.max_tokens_per_rank, sets = kLlSets;
   const std::size_t messages = sets * R * T;
-  const std::size_t row_bytes = ll_row_line_bytes(o.hidden);  // a payload or a combine row
 
   AreaCursor shared;
   a.freed = shared.take(sizeof(uint64_t) * kLlOps * sets * R);
   a.manifests = shared.take(sizeof(LlWord) * sets * R * a.manifest_words());
   a.expert_counts = shared.take(sizeof(LlWord) * sets * R * a.experts_per_rank());
   a.headers = shared.take(sizeof(LlWord) * kLlHeaderWords * messages);
-  a.payloads = shared.take(row_bytes * messages);
-  a.combine_rows = shared.take(row_bytes * sets * a.combine_slots * T);
+  a.payloads = shared.take(ll_row_line_bytes(o.hidden) * messages);
+  a.combine_rows = shared.take(ll_combine_row_line_bytes(o.hidden) * sets * a.combine_slots * T);
   a.combine_weights = shared.take(sizeof(LlWord) * messages * o.max_topk);
   a.symmetric_bytes = shared.end();
 

@@ -95,6 +95,9 @@ std::vector<LlCase> cases() {
        "SingleGpu2_K1_ManyEmpty_OneSmEach_Fp8", 1},
       // Rows of 640 columns: FP8, 6 lines in one send item of 8 (5 scale groups; lines past the row unsent).
       {2, 16, 16, 640, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu2_Hidden640_Fp8"},
+      // Rows of 2560 columns: the last combine line with any of the row's rest in its stamp vector holds
+      // two of its three words (4096 and 16384: one; 7168, 2048 and 640: all three).
+      {2, 16, 16, 2560, 8, 64, Rt::zipf, 0.1, P::bf16, false, true, false, false, false, "SingleGpu2_Hidden2560_Bf16"},
       // The largest hidden: 128 FP8 scale groups over 19 send items; BF16 parts take two batches.
       {2, 16, 16, 16384, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, true, false, false,
        "SingleGpu2_Hidden16384_Fp8_ColumnMajorScales"},

@@ -16,8 +16,10 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
   const std::size_t R = num_ranks, T = o.max_tokens_per_rank, K = o.max_topk, H = o.hidden;
   const std::size_t E_local = std::size_t(o.num_experts) / R, messages = core::kLlSets * R * T;
   const std::size_t combine_slots = R > K ? R : K;
-  // What the kernels index per payload and per combine row (LlView::row_vectors): a BF16 row as lines.
-  const std::size_t row_line_bytes = core::kLlLineBytes * std::size_t(core::ll_row_lines(int(2 * H)));
+  // What the kernels index per payload and per combine row (LlView::payload_vectors, combine_row_vectors):
+  // a BF16 row as lines of 112 and of 124 row bytes.
+  const std::size_t payload_bytes = core::kLlLineBytes * std::size_t(core::ll_row_lines(int(2 * H)));
+  const std::size_t combine_row_bytes = core::kLlLineBytes * std::size_t(core::ll_combine_row_lines(int(2 * H)));
   struct Area {
     std::size_t offset, bytes;
   };
@@ -26,8 +28,8 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
                          {a.manifests, 8 * core::kLlSets * R * ((T + 31) / 32)},
                          {a.expert_counts, 8 * core::kLlSets * R * E_local},
                          {a.headers, 8 * core::kLlHeaderWords * messages},
-                         {a.payloads, row_line_bytes * messages},
-                         {a.combine_rows, row_line_bytes * core::kLlSets * combine_slots * T},
+                         {a.payloads, payload_bytes * messages},
+                         {a.combine_rows, combine_row_bytes * core::kLlSets * combine_slots * T},
                          {a.combine_weights, 8 * messages * K},
                          {a.symmetric_bytes, 0}};
   const Area own[] = {{a.blocks_done, 4 * core::kLlOps},
@@ -52,10 +54,13 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
     return broken;
   }
   if (std::string broken = check(own, sizeof(own) / sizeof(own[0]), "private"); !broken.empty()) return broken;
-  // A payload or combine row holds 112 row bytes per 128-byte line: a BF16 row (an FP8 row is half of
-  // one, its scales ride in the stamp vectors), in the lines the kernels index.
+  // A payload holds 112 row bytes per 128-byte line: a BF16 row (an FP8 row is half of one, its scales
+  // ride in the stamp vectors), in the lines the kernels index; a combine row 124 (112 in the data
+  // vectors, the rest of the row in the stamp vectors, 12 bytes in each line at most).
   if (std::size_t(core::ll_row_lines(int(2 * H))) * core::kLlLineDataBytes < 2 * H)
     return "a BF16 row does not fit its lines";
+  const std::size_t combine_lines = std::size_t(core::ll_combine_row_lines(int(2 * H)));
+  if (combine_lines * core::kLlCombineLineDataBytes < 2 * H) return "a BF16 row does not fit its combine lines";
   if (a.rows_per_expert() != int64_t(R * T)) return "rows_per_expert is not R * max_tokens_per_rank";
   return "";
 }

@@ -3,9 +3,9 @@
 //
 // Protocol, for combine buffer set `set`, reversing the dispatch of set `dset` (areas of
 // core::LlAreas; the sequence number and the "set is free" wait as in protocol.cuh). The rows travel as
-// lines (core::kLlLineBytes: 7 vectors of the row and a stamp vector holding ll_stamp(cseq), a warp's
-// store instruction writing 4 whole lines), so the home rank takes each line once its stamp shows:
-// there is no "ready" flag, no fence and no count.
+// lines (core::kLlLineBytes: 7 vectors of the row's head and a stamp vector holding ll_stamp(cseq) and 12
+// bytes of the row's rest, core::ll_combine_row_lines; a warp's store instruction writing 4 whole lines),
+// so the home rank takes each line once its stamp shows: there is no "ready" flag, no fence and no count.
 //   Weights (home me, local order, when my dispatch had none and this call was given them): first, per
 //   token t, for each valid slot k whose expert is on a rank r other than me and not masked now,
 //   word k of combine_weights(r, set, me, t) = the weight, stamped (core::LlWord), after the warp's
@@ -56,9 +56,6 @@ constexpr int kReceiveRowsInFlight = 2;  // the same in the receive (4 would spi
 
 using core::LlHomeToken;
 
-// The first column of this lane's data vector in line `line` (protocol.cuh's items: 56 l + 8 v).
-__device__ int line_col(int line) { return line_byte(line) >> 1; }
-
 __device__ float bf16_at(const uint4& x, int i) {
   const uint32_t w = (&x.x)[i / 2];
   return __uint_as_float(i % 2 == 0 ? w << 16 : w & 0xFFFF0000u);
@@ -78,20 +75,41 @@ __device__ uint4 to_bf16(const float (&acc)[kColsPerVector]) {
 // ---- Send ----
 
 // The call's rows: their lines (of p.hidden columns) and work items of kLinesPerItem lines.
-__device__ int row_lines(const CombineParams& p) { return core::ll_row_lines(2 * p.hidden); }
+__device__ int row_lines(const CombineParams& p) { return core::ll_combine_row_lines(2 * p.hidden); }
 __device__ int row_items(const CombineParams& p) { return int(p.by_row_items.d); }
 
-// This lane's share of item g of `row` (`col` as line_col gives it): a data vector (zeros past the
-// row), or the stamp vector on lanes 8 m + 7.
+// Where this lane's values of a line sit in the row (core::ll_combine_row_lines): a data vector holds 8
+// columns of the head, a stamp vector's words 1-3 hold 6 columns of the rest (tail lanes: 8 m + 7). A
+// lane holds them in a uint4 as 8 columns, a tail lane's 6 in words 0-2 (word 3 zero): the "row form".
+__device__ bool tail_lane() { return line_vector() == kDataVectors; }
+
+// This lane's first column in each line of item g (p.hidden where the line holds none for it).
+__device__ void item_cols(const CombineParams& p, int g, int (&col)[2]) {
+  const int lines = row_lines(p), vector = line_vector();
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int line = item_line(g, j);
+    const int head = core::kLlLineDataBytes / 2 * line + kColsPerVector * vector;
+    const int tail = core::kLlLineDataBytes / 2 * lines + 6 * line;
+    col[j] = line >= lines ? p.hidden : min(tail_lane() ? tail : head, p.hidden);
+  }
+}
+
+// A line vector as it arrived, in the row form (a tail lane's words 1-3 moved to 0-2).
+__device__ uint4 row_form(const uint4& line_vector) {
+  return tail_lane() ? make_uint4(line_vector.y, line_vector.z, line_vector.w, 0u) : line_vector;
+}
+
+// This lane's share of item g of `row` (`col` as item_cols gives it, `data` in the row form, zeros past
+// the row): a data vector, or on tail lanes the stamp vector.
 __device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, int g, const int (&col)[2],
                            const uint4 (&data)[2]) {
-  const int vector = line_vector();
   uint4 x[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    x[j] = vector == kDataVectors ? make_uint4(stamp, 0u, 0u, 0u)
-           : col[j] < p.hidden    ? data[j]
-                                  : make_uint4(0u, 0u, 0u, 0u);
+    x[j] = tail_lane()         ? make_uint4(stamp, data[j].x, data[j].y, data[j].z)
+           : col[j] < p.hidden ? data[j]
+                               : make_uint4(0u, 0u, 0u, 0u);
   }
   store_lines(row, 2 * g, row_lines(p), x);
 }
@@ -159,19 +177,18 @@ __device__ PeerWait await_weights(const CombineParams& p, int s, int t, uint32_t
   return got;
 }
 
-// This lane's data columns of item g (line_col of its two lines; p.hidden for none: the stamp lanes).
-__device__ void item_cols(const CombineParams& p, int g, int (&col)[2]) {
-  const int vector = line_vector();
-#pragma unroll
-  for (int j = 0; j < 2; ++j) col[j] = vector < kDataVectors ? line_col(item_line(g, j)) : p.hidden;
-}
-
-// This lane's vectors of y's packed row `row` at `col` (zeros past the row).
+// This lane's values of y's packed row `row` at `col`, in the row form (zeros past the row).
 __device__ void load_y(const CombineParams& p, int32_t row, const int (&col)[2], uint4 (&data)[2]) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    data[j] = col[j] < p.hidden ? *reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j])
-                                : make_uint4(0u, 0u, 0u, 0u);
+    const uint16_t* at = p.y + row * p.y_row_stride + col[j];
+    if (!tail_lane()) {
+      data[j] = col[j] < p.hidden ? *reinterpret_cast<const uint4*>(at) : make_uint4(0u, 0u, 0u, 0u);
+      continue;
+    }
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(at);  // 2 columns each
+    data[j] = make_uint4(col[j] < p.hidden ? words[0] : 0u, col[j] + 2 < p.hidden ? words[1] : 0u,
+                         col[j] + 4 < p.hidden ? words[2] : 0u, 0u);
   }
 }
 
@@ -402,6 +419,10 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         if (got == PeerWait::failed) return false;
         if (got == PeerWait::masked) continue;  // masked while this warp waited: left out
       }
+      if (!(direct && rank[b] == me)) {  // arrived as lines
+        in[b][0] = row_form(in[b][0]);
+        in[b][1] = row_form(in[b][1]);
+      }
       const float w = kNaive ? p.weights[t * p.weights_row_stride + slot[b]] : 1.0f;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -415,7 +436,17 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
   }
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    if (col[j] < p.hidden) *reinterpret_cast<uint4*>(p.out + t * p.out_row_stride + col[j]) = to_bf16(acc[j]);
+    if (col[j] >= p.hidden) continue;
+    const uint4 sums = to_bf16(acc[j]);
+    uint16_t* at = p.out + t * p.out_row_stride + col[j];
+    if (!tail_lane()) {
+      *reinterpret_cast<uint4*>(at) = sums;
+      continue;
+    }
+    uint32_t* words = reinterpret_cast<uint32_t*>(at);  // 2 columns each
+    words[0] = sums.x;
+    if (col[j] + 2 < p.hidden) words[1] = sums.y;
+    if (col[j] + 4 < p.hidden) words[2] = sums.z;
   }
   return true;
 }
@@ -472,7 +503,7 @@ void load_combine_kernel() {
 
 void launch_combine(const CombineParams& params, int num_blocks, cudaStream_t stream) {
   CombineParams p = params;
-  const int items = line_items(core::ll_row_lines(2 * p.hidden));
+  const int items = line_items(core::ll_combine_row_lines(2 * p.hidden));
   p.by_row_items = core::Divisor::of(uint32_t(items));
   // The send step's parts per message: about one work item per warp (messages to every home rank but me
   // where own_rows_direct).

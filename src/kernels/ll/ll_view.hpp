@@ -57,16 +57,19 @@ struct LlView {
   __device__ core::LlWord* header(int owner, int set, int src, int t) const {
     return reinterpret_cast<core::LlWord*>(base.base[owner] + headers) + message(set, src, t) * core::kLlHeaderWords;
   }
-  // Line l of a payload or a combine row is vectors [8 l, 8 l + 8) (core::kLlLineBytes); both are as
-  // long as a BF16 row of the buffer's hidden needs (a call's are its first lines).
-  __device__ int64_t row_vectors() const { return int64_t(core::ll_row_lines(2 * hidden)) * core::kLlLineVectors; }
+  // Line l of a payload or a combine row is vectors [8 l, 8 l + 8) (core::kLlLineBytes); each is as
+  // long as a BF16 row of the buffer's hidden needs in its form (a call's are its first lines).
+  __device__ int64_t payload_vectors() const { return int64_t(core::ll_row_lines(2 * hidden)) * core::kLlLineVectors; }
+  __device__ int64_t combine_row_vectors() const {
+    return int64_t(core::ll_combine_row_lines(2 * hidden)) * core::kLlLineVectors;
+  }
   // The payload of (set, src, t) at owner.
   __device__ uint4* payload(int owner, int set, int src, int t) const {
-    return reinterpret_cast<uint4*>(base.base[owner] + payloads) + message(set, src, t) * row_vectors();
+    return reinterpret_cast<uint4*>(base.base[owner] + payloads) + message(set, src, t) * payload_vectors();
   }
   __device__ uint4* combine_row(int owner, int set, int slot, int t) const {
     return reinterpret_cast<uint4*>(base.base[owner] + combine_rows) +
-           ((int64_t(set) * combine_slots + slot) * max_tokens + t) * row_vectors();
+           ((int64_t(set) * combine_slots + slot) * max_tokens + t) * combine_row_vectors();
   }
   // The weights of home rank src's token t at owner, [K_max] stamped words (a combine given weights).
   __device__ core::LlWord* combine_weights_of(int owner, int set, int src, int t) const {
