@@ -1,13 +1,11 @@
 // Grid-wide steps every kernel family shares: programmatic dependent launch, and "which CTA finished
-// last" (a GPU-scope count: the last CTA may reset the kernel's private state or record a signal that
-// publishes nothing; a signal that publishes data to peers fences first, as HT's signal_done).
+// last" (a GPU-scope count: the last CTA may reset the kernel's private state; a signal that publishes
+// data to peers fences first, as HT's signal_done).
 #pragma once
 
 #include <cstdint>
 
 #include "transport/device/flags.cuh"
-#include "transport/device/team_view.hpp"
-#include "transport/device/wait.cuh"
 
 namespace epx::kernels {
 
@@ -25,18 +23,15 @@ __device__ inline void wait_for_prior_grid() { asm volatile("griddepcontrol.wait
 // CTA that brings it to gridDim.x is the last: it resets the counter (and `work_claimed`, a kernel's
 // private count of claimed work items, when given: every CTA claims its last item before it counts itself
 // done). Returns true on every thread of the last CTA.
-// kOrdered: the add is a GPU-scope acquire-release (a fence first: the thread waits until its earlier
-// accesses are performed), so every CTA's accesses before its add are ordered before what the last CTA
-// does next on this GPU (HT, whose last CTA goes on to wait for and read what peers and CTAs wrote). It
-// publishes nothing to peers; a signal that publishes data fences on its own, as HT's signal_done.
-// Without it, a relaxed add: for a last CTA whose work only later kernels read (LL's freed record).
-template <bool kOrdered = true>
+// The add is a GPU-scope acquire-release (a fence first: the thread waits until its earlier accesses are
+// performed), so every CTA's accesses before its add are ordered before what the last CTA does next on
+// this GPU (HT, whose last CTA goes on to wait for and read what peers and CTAs wrote). It publishes
+// nothing to peers; a signal that publishes data fences on its own, as HT's signal_done.
 __device__ inline bool last_cta_done(uint32_t* blocks_done, uint32_t* work_claimed = nullptr) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    const uint32_t before =
-        kOrdered ? transport::add_acq_rel_gpu(blocks_done, 1u) : transport::add_relaxed_gpu(blocks_done, 1u);
+    const uint32_t before = transport::add_acq_rel_gpu(blocks_done, 1u);
     last = before == gridDim.x - 1;
     if (last) {
       *blocks_done = 0;
@@ -45,26 +40,6 @@ __device__ inline bool last_cta_done(uint32_t* blocks_done, uint32_t* work_claim
   }
   __syncthreads();
   return last;
-}
-
-// Called by every thread of every CTA once its own accesses are issued (see last_cta_done, unordered:
-// what signal() writes is for later kernels only; a CTA that read those words consumed what it read before
-// it counted itself, so on the hardware its reads come before the last CTA's writes). The last CTA's
-// thread 0 calls signal(), unless the team had failed when that thread read the failure word, before the
-// count (a hint: a wait that expires during the count is missed, so a caller that signals peers checks
-// again before it stores to them, as LL's signal_pending_freed does). Returns true on every thread of the
-// last CTA when it signalled.
-template <typename Signal>
-__device__ bool signal_when_last(const transport::TeamView& team, uint32_t* blocks_done, Signal signal) {
-  __shared__ bool signalled;
-  const bool failed = threadIdx.x == 0 && team_failed(team);  // loaded early: hidden behind the count
-  if (!last_cta_done<false>(blocks_done)) return false;       // the same answer on every thread of a CTA
-  if (threadIdx.x == 0) {
-    signalled = !failed;
-    if (signalled) signal();
-  }
-  __syncthreads();
-  return signalled;
 }
 
 }  // namespace epx::kernels

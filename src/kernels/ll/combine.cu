@@ -32,8 +32,8 @@
 //     slots k ascending. A token with no expert gets 0. With own_rows_direct the terms of r = me
 //     (naive: of t's slots on me) come from y and the dispatch's private record of message (me, t)
 //     (own_partial: the send's reduce), and wait for nothing; rows (me, set, me or k, t) are then not
-//     written and keep an older call's stamp. Then the last CTA records the call as freed; the
-//     signals go out at the start of this rank's next combine (protocol.cuh).
+//     written and keep an older call's stamp. Then the CTA that counted itself last records the call as freed
+//     (FreedRecord); the signals go out at the start of this rank's next combine (protocol.cuh).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -460,6 +460,8 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask (protocol.cuh)
   for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
   __syncthreads();
+  FreedRecord record;  // every thread of the CTA has read the sequence before the barrier
+  record.count(v, v.blocks_done_of(core::kLlCombine));
   const int items = receive_items(p), first = first_receive_item(p);
   bool ok = true;
   for (int item = first; ok && item < items; item += gridDim.x * kWarps) {
@@ -468,7 +470,7 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own
     ok = receive_item<kNaive>(p, masked, stamp, int(t), int(g), own_ready);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
-  last_cta_records_freed(v, v.blocks_done_of(core::kLlCombine), core::kLlCombine, p.set, cseq);
+  record.record_if_last(v, v.blocks_done_of(core::kLlCombine), core::kLlCombine, p.set, cseq);
 }
 
 // kNaive: p.naive, a kernel of its own for each order.

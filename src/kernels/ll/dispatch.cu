@@ -35,9 +35,9 @@
 //   receive items go to CTAs in order, so the last one has the fewest and none waits behind it; in a
 //   launch with the sends it has sent the counts and manifests first). What combine needs of each
 //   message (slots, each slot's packed row and weight; slots 0 for a token that sent nothing) is kept in
-//   private memory, so the set is not read after this step. Then the last CTA records the call as freed;
-//   the signals go out at the start of this rank's next dispatch (protocol.cuh). Every wait is bounded
-//   (wait_for_words).
+//   private memory, so the set is not read after this step. Then the CTA that counted itself last records the call as
+//   freed (FreedRecord); the signals go out at the start of this rank's next dispatch (protocol.cuh). Every wait is
+//   bounded (wait_for_words).
 #include <algorithm>
 
 #include "core/cuda_check.hpp"

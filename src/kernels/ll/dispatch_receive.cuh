@@ -231,6 +231,10 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
     for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
     __syncthreads();
   }
+  // Every thread of the CTA has passed a barrier since it read the sequence (this one, or the send
+  // step's staging).
+  FreedRecord record;
+  record.count(v, v.blocks_done_of(core::kLlDispatch));
   bool ok = true;
   if (blockIdx.x == gridDim.x - 1) {  // the per-expert outputs
     for (int e = threadIdx.x; ok && e < v.experts_per_rank(); e += blockDim.x) {
@@ -259,7 +263,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
     ok = receive_message<kFp8>(p, masked, stamp, s, int(message) - s * v.max_tokens, int(part));
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_received>(v.team);
   }
-  last_cta_records_freed(v, v.blocks_done_of(core::kLlDispatch), core::kLlDispatch, p.set, seq);
+  record.record_if_last(v, v.blocks_done_of(core::kLlDispatch), core::kLlDispatch, p.set, seq);
 }
 
 }  // namespace

@@ -279,28 +279,44 @@ __device__ inline bool ensure_set_free(const LlView& v, int op, int set, uint64_
   return free.seen;
 }
 
-// Every thread of every CTA calls it once its reads for the receive step of call seq on (op, set) are
-// done. The last CTA (signal_when_last: a relaxed GPU-scope count, no fence) sets this rank's own
-// freed(me, op, set, me) = seq and records the call in pending_freed[op] for signal_pending_freed, unless
-// the team failed. Only later kernels read either word (a grid's accesses are complete when it ends). This
-// kernel's CTAs read freed(me, op, set, me) (call_sequence) when they start, and the value feeds all they
-// do, so each read is performed before its CTA counts itself: on the hardware, as the count is relaxed.
-// `blocks_done` is the step's private CTA counter (zero between kernels).
-__device__ inline void last_cta_records_freed(const LlView& v, uint32_t* blocks_done, int op, int set, uint64_t seq) {
-  signal_when_last(v.team, blocks_done, [&] {
+// The record of a receive step of call seq on (op, set): this rank's own freed(me, op, set, me) = seq (the
+// set's sequence number for the next call on it, call_sequence) and pending_freed[op] for
+// signal_pending_freed. Only later kernels read either word (a grid's accesses are complete when it
+// ends), so the record may be written before this kernel's reads of the set are over; but not before
+// every CTA of the kernel has read freed(me, op, set, me) for its own sequence number. So each CTA counts
+// itself (count, thread 0) in `blocks_done` (the step's private counter, zero between kernels) once every
+// thread of the CTA has passed a barrier after that read, and the CTA that counts last writes the record
+// (record_if_last) at the end of its work, unless the team had failed when it counted, and resets the
+// counter. The count is relaxed: the reads are performed before the barrier, and the count after it, on
+// the hardware. Counted at the start, the count's round trip hides behind the CTA's work: counted at the
+// end (until 2026-11-28), it came after every CTA's last read, and the last CTA's round trip ended the
+// kernel ~0.6 us after its last receive (phase trace, T = 128).
+struct FreedRecord {
+  uint32_t before = 0;  // thread 0: the count before this CTA's
+  bool failed = false;  // thread 0: the team had failed when the CTA counted
+  __device__ void count(const LlView& v, uint32_t* blocks_done) {
+    if (threadIdx.x != 0) return;
+    failed = team_failed(v.team);
+    before = transport::add_relaxed_gpu(blocks_done, 1u);
+  }
+  __device__ void record_if_last(const LlView& v, uint32_t* blocks_done, int op, int set, uint64_t seq) const {
+    if (threadIdx.x != 0 || before != gridDim.x - 1) return;
+    *blocks_done = 0;
+    if (failed) return;
     *v.freed_flag(v.team.rank, op, set, v.team.rank) = seq;
     *v.pending_freed_of(op) = (seq << 1) | uint64_t(set);
-  });
-}
+  }
+};
 
 // One thread of every kernel of op, first (thread 0 of the second-to-last CTA, before that CTA's work:
 // the last one sends the dispatch's counts and takes the combine's first receive items): takes the record
-// of the op's receive step that an earlier kernel left (last_cta_records_freed) and clears it, in one
+// of the op's receive step that an earlier kernel left (FreedRecord) and clears it, in one
 // atomic exchange, then sends its "freed" signals to every peer not masked now. Kernels of one op on a
 // buffer never overlap (calls are stream-ordered, and a graph captures them in order). This kernel's own
-// record, if any, is written by its last CTA after every CTA's count, and this thread's exchange is
-// performed before it counts its CTA (it branches on the exchange's value first), so the exchange cannot
-// clear it: an ordering of the hardware, not of the PTX memory model (both atomics are relaxed).
+// record, if any, is written by the CTA that counts itself last, after every CTA's count, and this
+// thread's exchange is performed before it counts its CTA (it branches on the exchange's value first), so
+// the exchange cannot clear it: an ordering of the hardware, not of the PTX memory model (both atomics
+// are relaxed).
 __device__ inline void signal_pending_freed(const LlView& v, int op) {
   const uint64_t pending = atomicExch(reinterpret_cast<unsigned long long*>(v.pending_freed_of(op)), 0ull);
   if (pending == 0 || team_failed(v.team)) return;
