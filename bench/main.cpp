@@ -273,7 +273,7 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
                "(every peer's data there: the step's cost without waiting; no in-a-row, cold or bytes); no L2 flush "
                "(latency-bound); bytes and GB/s: the "
                "slowest rank's, per direction (NVLink: dispatch messages, payload as 128-byte lines of 112 row bytes + "
-               "message_header_bytes each, or combine rows back to the home rank as such lines)")
+               "message_header_bytes each, or combine rows back to the home rank as 128-byte lines of 124 row bytes)")
         .end_object();
   }
 }

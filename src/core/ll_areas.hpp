@@ -24,7 +24,8 @@
 //                    of home rank s's token t, for a combine whose weights come with it, not with the
 //                    dispatch (kernels/ll/combine.cu; the expert side's local order needs them)
 // Private (this rank's kernels only):
-//   blocks_done      uint32 [op]: CTAs done with the running receive step (zero between kernels)
+//   blocks_done      uint32 [op]: CTAs that have started the running receive step (zero between kernels;
+//                    kernels/ll/protocol.cuh's FreedRecord)
 //   pending_freed    uint64 [op]: the receive step whose "freed" signals to the peers the next kernel of
 //                    the op sends (kernels/ll/protocol.cuh; 0: none)
 //   message_slots    uint32 [set][R][T_max]: the slots of each received message (0: none came), and
@@ -63,9 +64,10 @@ inline constexpr uint32_t ll_stamp(uint64_t seq) { return uint32_t(seq % 0xFFFFF
 
 // The dispatch's payloads and the combine's rows travel as lines: 128 bytes, 7 vectors of 16 row bytes (vector v of
 // line l holds row bytes [112 l + 16 v, +16); zeros past the row) and a stamp vector (ll_stamp of the call in its first
-// word), the 8 vectors stored by 8 lanes of one warp in one store instruction. A reader that sees a
-// line's stamp takes the whole line: NVLink delivers a warp's 128-byte line whole (NCCL's LL128 rests on
-// the same; epx-bench's stamp probe counts torn lines in every run).
+// word; the rest of its words carry FP8 scales in payloads, row bytes in combine rows: below), the 8 vectors stored by
+// 8 lanes of one warp in one store instruction. A reader that sees a line's stamp takes the whole line: NVLink delivers
+// a warp's 128-byte line whole (NCCL's LL128 rests on the same; epx-bench's stamp probe counts torn lines in every
+// run).
 inline constexpr int kLlLineBytes = 128, kLlLineVectors = 8, kLlLineDataBytes = 112;
 inline constexpr int ll_row_lines(int row_bytes) { return (row_bytes + kLlLineDataBytes - 1) / kLlLineDataBytes; }
 // A combine row's lines carry 124 row bytes each: the 7 data vectors hold the row's first 112 L bytes (L

@@ -100,8 +100,9 @@ __device__ uint4 row_form(const uint4& line_vector) {
   return tail_lane() ? make_uint4(line_vector.y, line_vector.z, line_vector.w, 0u) : line_vector;
 }
 
-// This lane's share of item g of `row` (`col` as item_cols gives it, `data` in the row form, zeros past
-// the row): a data vector, or on tail lanes the stamp vector.
+// This lane's share of item g of `row` (`col` as item_cols gives it, `data` in the row form): a data
+// vector (zeros past the row), or on tail lanes the stamp vector (its words past the row hold what the
+// lane's sums hold there, zeros unless a weight is not finite; no one reads them).
 __device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, int g, const int (&col)[2],
                            const uint4 (&data)[2]) {
   uint4 x[2];

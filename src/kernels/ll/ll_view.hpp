@@ -75,7 +75,7 @@ struct LlView {
   __device__ core::LlWord* combine_weights_of(int owner, int set, int src, int t) const {
     return reinterpret_cast<core::LlWord*>(base.base[owner] + combine_weights) + message(set, src, t) * max_topk;
   }
-  // The private CTA counter of op's receive step (last_cta_records_freed).
+  // The private CTA counter of op's receive step (FreedRecord).
   __device__ uint32_t* blocks_done_of(int op) const { return reinterpret_cast<uint32_t*>(own + blocks_done) + op; }
   __device__ uint64_t* pending_freed_of(int op) const { return reinterpret_cast<uint64_t*>(own + pending_freed) + op; }
   __device__ uint32_t* message_slots_of(int set, int src, int t) const {

@@ -12,9 +12,10 @@
 //     in stamped words (core::LlWord), the dispatch's payloads and the combine's rows in lines
 //     (core::kLlLineBytes), and a receive step waits for the stamps of what it reads (wait_for_words).
 //   * When every CTA's reads are done, freed(r, op, set, me) = seq on every rank r (me included): the
-//     receive step's last CTA sets its own, freed(me, op, set, me) (the next call's sequence number
-//     reads it), and records the call in pending_freed[op]; the peers' go out at the start of this
-//     rank's next kernel of the op (signal_pending_freed). So a receive step ends with neither a fence
+//     receive step's CTA that counts itself last (FreedRecord) sets its own, freed(me, op, set, me) (the
+//     next call's sequence number reads it; later kernels only), and records the call in
+//     pending_freed[op]; the peers' go out at the start of this rank's next kernel of the op
+//     (signal_pending_freed), once this kernel and its reads are complete. So a receive step ends with neither a fence
 //     nor a remote store: its reads are complete once its kernel is, and nothing else needs ordering
 //     before the signals. A peer waits for such a signal only two calls of the op later (above), by
 //     which time this rank has started the call in between whenever the peer's calls depended on it

@@ -45,9 +45,10 @@ __device__ __forceinline__ uint32_t add_acq_rel_gpu(uint32_t* counter, uint32_t 
   return before;
 }
 
-// A GPU-scope count with no ordering at all (returns the value before): for a count whose result only
-// later kernels act on (a grid's accesses are complete when it ends), so that the counting thread need
-// not wait for its earlier stores first, as a release (MEMBAR, ERRBAR) would make it.
+// A GPU-scope count with no ordering at all (returns the value before): for a count that orders nothing
+// the counting thread accessed before it (LL's FreedRecord: what its last counter writes, only later
+// kernels read), so that the thread need not wait for its earlier accesses first, as a release (MEMBAR,
+// ERRBAR) would make it.
 __device__ __forceinline__ uint32_t add_relaxed_gpu(uint32_t* counter, uint32_t value) {
   uint32_t before;
   asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(before) : "l"(counter), "r"(value) : "memory");
