@@ -81,6 +81,15 @@ inline constexpr int ll_combine_row_lines(int row_bytes) {
 inline constexpr std::size_t ll_combine_row_line_bytes(int hidden) {
   return std::size_t(kLlLineBytes) * ll_combine_row_lines(2 * hidden);
 }
+// The first BF16 column that vector `vector` of line `line` carries in a combine row of `hidden` columns
+// and `lines` lines: a data vector (vector < 7) 8 columns, the stamp vector's words 1-3 (vector 7) 6, each
+// word 2 (those below hidden); `hidden` where the vector carries none.
+inline constexpr int ll_combine_line_col(int hidden, int lines, int line, int vector) {
+  const int head = kLlLineDataBytes / 2 * line + 8 * vector;
+  const int tail = kLlLineDataBytes / 2 * lines + (kLlCombineLineDataBytes - kLlLineDataBytes) / 2 * line;
+  const int col = vector == kLlLineVectors - 1 ? tail : head;
+  return line >= lines ? hidden : (col > hidden ? hidden : col);
+}
 // A manifest's words (a bit per token, 32 a word) for T_max tokens.
 inline constexpr int ll_manifest_words(int max_tokens) { return (max_tokens + 31) / 32; }
 // The bytes of a dispatch payload of `hidden` BF16 columns as lines (an FP8 row, with its scales in the

@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "bench/targets.hpp"
 #include "core/ht_areas.hpp"
+#include "core/ll_areas.hpp"
 #include "core/validate.hpp"
 #include "epx/error.hpp"
 #include "epx/ll.hpp"
@@ -138,9 +140,33 @@ TEST(LlAreas, EveryAreaIsAlignedDisjointAndLargeEnough) {
   }
 }
 
+// What the combine kernel reads and writes of a row through its lines (core::ll_combine_line_col): every
+// column of every hidden the buffer takes, once, in whole vectors and words that stay inside the row.
+TEST(LlAreas, CombineLinesCarryEveryColumnOnce) {
+  for (int hidden = 128; hidden <= core::kLlMaxHidden; hidden += 128) {
+    const int lines = core::ll_combine_row_lines(2 * hidden);
+    std::vector<int> carried(std::size_t(hidden), 0);
+    for (int line = 0; line < lines + 8; ++line) {  // past the last line too: those carry nothing
+      for (int vector = 0; vector < core::kLlLineVectors; ++vector) {
+        const int col = core::ll_combine_line_col(hidden, lines, line, vector);
+        if (col == hidden) continue;
+        ASSERT_LT(line, lines) << "hidden " << hidden;
+        if (vector < core::kLlLineVectors - 1) {
+          ASSERT_LE(col + 8, hidden) << "hidden " << hidden << ", line " << line << ": a data vector past the row";
+          for (int c = col; c < col + 8; ++c) ++carried[std::size_t(c)];
+        } else {
+          ASSERT_EQ(col % 2, 0) << "hidden " << hidden << ": a stamp-vector word not 4-byte aligned";
+          for (int c = col; c < col + 6 && c < hidden; ++c) ++carried[std::size_t(c)];
+        }
+      }
+    }
+    for (int c = 0; c < hidden; ++c) ASSERT_EQ(carried[std::size_t(c)], 1) << "hidden " << hidden << ", column " << c;
+  }
+}
+
 TEST(LlAreas, TheDeepSeekShapeOnTwoRanksStaysUnderSixtyFourMegabytes) {
   // The LL issue's memory target: at most 64 MB per rank for T_max 128, H 7168, top-8 of 256 on 2 ranks.
-  // Two sets of 256 messages of 16384 + 272 bytes (8.5 MB) and of 8 x 128 combine rows (33.6 MB).
+  // Two sets of 256 messages of 16384 + 272 bytes (8.5 MB) and of 8 x 128 combine rows of 116 lines (30.4 MB).
   const std::size_t bytes = LlBuffer::required_bytes({128, 7168, 8, 256}, 2);
   EXPECT_GT(bytes, std::size_t(36) * 1000 * 1000);
   EXPECT_LE(bytes, bench::kLlBufferTargetBytes);

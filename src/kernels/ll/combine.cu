@@ -85,14 +85,9 @@ __device__ bool tail_lane() { return line_vector() == kDataVectors; }
 
 // This lane's first column in each line of item g (p.hidden where the line holds none for it).
 __device__ void item_cols(const CombineParams& p, int g, int (&col)[2]) {
-  const int lines = row_lines(p), vector = line_vector();
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int line = item_line(g, j);
-    const int head = core::kLlLineDataBytes / 2 * line + kColsPerVector * vector;
-    const int tail = core::kLlLineDataBytes / 2 * lines + 6 * line;
-    col[j] = line >= lines ? p.hidden : min(tail_lane() ? tail : head, p.hidden);
-  }
+  for (int j = 0; j < 2; ++j)
+    col[j] = core::ll_combine_line_col(p.hidden, row_lines(p), item_line(g, j), line_vector());
 }
 
 // A line vector as it arrived, in the row form (a tail lane's words 1-3 moved to 0-2).
