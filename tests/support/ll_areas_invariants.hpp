@@ -18,8 +18,8 @@ inline std::string broken_ll_areas_invariant(const LlBufferOptions& o, int num_r
   const std::size_t combine_slots = R > K ? R : K;
   // What the kernels index per payload and per combine row (LlView::payload_vectors, combine_row_vectors):
   // a BF16 row as lines of 112 and of 124 row bytes.
-  const std::size_t payload_bytes = core::kLlLineBytes * std::size_t(core::ll_row_lines(int(2 * H)));
-  const std::size_t combine_row_bytes = core::kLlLineBytes * std::size_t(core::ll_combine_row_lines(int(2 * H)));
+  const std::size_t payload_bytes = core::ll_row_line_bytes(int(H));
+  const std::size_t combine_row_bytes = core::ll_combine_row_line_bytes(int(H));
   struct Area {
     std::size_t offset, bytes;
   };

@@ -456,8 +456,9 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask (protocol.cuh)
   for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
   __syncthreads();
-  FreedRecord record;  // every thread of the CTA has read the sequence before the barrier
-  record.count(v, v.blocks_done_of(core::kLlCombine));
+  // Every thread of the CTA read the sequence before the barrier above.
+  FreedRecord record{core::kLlCombine};
+  record.count(v);
   const int items = receive_items(p), first = first_receive_item(p);
   bool ok = true;
   for (int item = first; ok && item < items; item += gridDim.x * kWarps) {
@@ -466,7 +467,7 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own
     ok = receive_item<kNaive>(p, masked, stamp, int(t), int(g), own_ready);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
-  record.record_if_last(v, v.blocks_done_of(core::kLlCombine), core::kLlCombine, p.set, cseq);
+  record.record_if_last(v, p.set, cseq);
 }
 
 // kNaive: p.naive, a kernel of its own for each order.

@@ -233,8 +233,8 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
   }
   // Every thread of the CTA has passed a barrier since it read the sequence (this one, or the send
   // step's staging).
-  FreedRecord record;
-  record.count(v, v.blocks_done_of(core::kLlDispatch));
+  FreedRecord record{core::kLlDispatch};
+  record.count(v);
   bool ok = true;
   if (blockIdx.x == gridDim.x - 1) {  // the per-expert outputs
     for (int e = threadIdx.x; ok && e < v.experts_per_rank(); e += blockDim.x) {
@@ -263,7 +263,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
     ok = receive_message<kFp8>(p, masked, stamp, s, int(message) - s * v.max_tokens, int(part));
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_received>(v.team);
   }
-  record.record_if_last(v, v.blocks_done_of(core::kLlDispatch), core::kLlDispatch, p.set, seq);
+  record.record_if_last(v, p.set, seq);
 }
 
 }  // namespace

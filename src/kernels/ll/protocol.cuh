@@ -285,24 +285,25 @@ __device__ inline bool ensure_set_free(const LlView& v, int op, int set, uint64_
 // signal_pending_freed. Only later kernels read either word (a grid's accesses are complete when it
 // ends), so the record may be written before this kernel's reads of the set are over; but not before
 // every CTA of the kernel has read freed(me, op, set, me) for its own sequence number. So each CTA counts
-// itself (count, thread 0) in `blocks_done` (the step's private counter, zero between kernels) once every
-// thread of the CTA has passed a barrier after that read, and the CTA that counts last writes the record
-// (record_if_last) at the end of its work, unless the team had failed when it counted, and resets the
-// counter. The count is relaxed: the reads are performed before the barrier, and the count after it, on
+// itself (count, thread 0) in blocks_done[op] (the step's private counter, zero between
+// kernels) once every thread of the CTA has passed a barrier after that read, and the CTA that counts last
+// writes the record (record_if_last) at the end of its work, unless the team had failed when it counted,
+// and resets the counter. The count is relaxed: the reads are performed before the barrier, and the count after it, on
 // the hardware. Counted at the start, the count's round trip hides behind the CTA's work: counted at the
 // end (until 2026-11-28), it came after every CTA's last read, and the last CTA's round trip ended the
 // kernel ~0.6 us after its last receive (phase trace, T = 128).
 struct FreedRecord {
+  int op;
   uint32_t before = 0;  // thread 0: the count before this CTA's
   bool failed = false;  // thread 0: the team had failed when the CTA counted
-  __device__ void count(const LlView& v, uint32_t* blocks_done) {
+  __device__ void count(const LlView& v) {
     if (threadIdx.x != 0) return;
     failed = team_failed(v.team);
-    before = transport::add_relaxed_gpu(blocks_done, 1u);
+    before = transport::add_relaxed_gpu(v.blocks_done_of(op), 1u);
   }
-  __device__ void record_if_last(const LlView& v, uint32_t* blocks_done, int op, int set, uint64_t seq) const {
+  __device__ void record_if_last(const LlView& v, int set, uint64_t seq) const {
     if (threadIdx.x != 0 || before != gridDim.x - 1) return;
-    *blocks_done = 0;
+    *v.blocks_done_of(op) = 0;
     if (failed) return;
     *v.freed_flag(v.team.rank, op, set, v.team.rank) = seq;
     *v.pending_freed_of(op) = (seq << 1) | uint64_t(set);
