@@ -1,4 +1,4 @@
-# Sourced by the scripts that run epx on GPUs (bench.sh, device_check.sh, profile_ht.sh, ab_bench.sh).
+# Sourced by the scripts that run epx on GPUs (bench.sh, device_check.sh, profile_env.sh, ab_bench.sh).
 # NCCL's device API needs the NCCL library at run time to be the version epx was compiled against
 # (2.28.9): where PyTorch's nvidia-nccl wheel is installed, its lib/ goes first on LD_LIBRARY_PATH, and
 # $nccl_wheel names the wheel's folder (empty without it). NVLink multicast stays off: epx never uses

@@ -29,13 +29,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--kernel REGEX] [--skip N] [--metrics LIST]" >&2; exit 2 ;;
   esac
 done
-out="${OUT:-$PWD/device-out}"
-mkdir -p "$out"
-build="${EPX_BUILD_DIR:-build}"
-[ -x "$build/bench/epx-bench" ] || { echo "no $build/bench/epx-bench: build first" >&2; exit 1; }
-command -v ncu >/dev/null || { echo "ncu is not on PATH" >&2; exit 1; }
-
-source scripts/nccl_env.sh
+source scripts/profile_env.sh
 export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 20000))
 
 bench=("$build/bench/epx-bench" --skip-ll --timeout-ms 20000)
