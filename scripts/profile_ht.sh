@@ -14,7 +14,9 @@
 # With the ten warp-state stall reasons (smsp__average_warps_issue_stalled_<reason>_per_issue_active.
 # ratio) added, ncu needed 7 passes on an H200 (2026-11-22) and no report came back: ask for them a
 # few at a time with --metrics, and believe a run only when ncu says "1 pass". A run that needs more
-# passes ends within 150 s: each rank waits at most 20 s for the other.
+# passes ends within 150 s: each rank waits at most 20 s for the other. Warp-state sampling
+# (smsp__pcsamp_*) took 3 passes for the HT combine and 5 for the LL dispatch even when asked for alone
+# (2026-11-28): it needs one rank (scripts/profile_one_gpu.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
