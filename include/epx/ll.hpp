@@ -6,7 +6,9 @@
 // -1 = no expert.
 //
 // No call waits on the host: shapes are fixed when the buffer is made, every count stays on the device,
-// and dispatch + combine can be captured in a CUDA graph and replayed.
+// and dispatch + combine can be captured in a CUDA graph and replayed. In a graph, each kernel is the
+// programmatic dependent of the kernel before it (a caller's or ours): it starts as that kernel's CTAs
+// exit and reads nothing before that kernel has completed, so its launch overlaps the other's end.
 //
 // dispatch: a token crosses NVLink once per destination rank (not once per expert), carrying its local
 // expert ids (and weights, if given); the receiver expands it into the packed layout the caller

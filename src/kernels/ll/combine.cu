@@ -40,6 +40,7 @@
 
 #include "core/cuda_check.hpp"
 #include "kernels/common/grid.cuh"
+#include "kernels/common/launch.hpp"
 #include "kernels/ll/ll_view.hpp"
 #include "kernels/ll/protocol.cuh"
 #include "transport/device/phase_trace.hpp"
@@ -473,6 +474,7 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own
 // kNaive: p.naive, a kernel of its own for each order.
 template <bool kNaive>
 __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
+  wait_for_prior_grid();  // a programmatic dependent (launch_combine): no access before this
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_start>(p.v.team);
   // Not the last CTA (unless it is the only one): it takes the first receive items (first_receive_item).
   if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlCombine);
@@ -509,12 +511,9 @@ void launch_combine(const CombineParams& params, int num_blocks, cudaStream_t st
   const int messages = (own_rows_direct(p) ? p.v.team.nranks - 1 : p.v.team.nranks) * p.v.max_tokens;
   p.by_send_parts =
       core::Divisor::of(uint32_t(std::max(1, std::min(num_blocks * kWarps / std::max(messages, 1), items))));
-  if (p.naive) {
-    combine_kernel<true><<<num_blocks, kThreads, 0, stream>>>(p);
-  } else {
-    combine_kernel<false><<<num_blocks, kThreads, early_own_rows(p) ? kEarlyOwnBytes : 0, stream>>>(p);
-  }
-  detail::check_launch("LL combine kernel");
+  // A programmatic dependent of the kernel before it on the stream, as launch_dispatch's.
+  launch(p.naive ? combine_kernel<true> : combine_kernel<false>, dim3(num_blocks), dim3(kThreads),
+         early_own_rows(p) ? kEarlyOwnBytes : 0, stream, true, "launching LL combine kernel", p);
 }
 
 }  // namespace epx::kernels::ll

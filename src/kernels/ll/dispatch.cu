@@ -41,6 +41,7 @@
 #include <algorithm>
 
 #include "core/cuda_check.hpp"
+#include "kernels/common/launch.hpp"
 #include "kernels/ll/dispatch_receive.cuh"
 #include "kernels/ll/dispatch_send.cuh"
 #include "kernels/ll/dispatch_shared.cuh"
@@ -53,6 +54,7 @@ namespace {
 // took ~0.5 us longer once the FP8 receive got cheaper, from the code the compiler made for the pair).
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
+  wait_for_prior_grid();  // a programmatic dependent (launch_dispatch): no access before this
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_start>(p.v.team);
   // Not the last CTA (unless it is the only one): it sends the counts, which every receive waits for.
   if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlDispatch);
@@ -95,12 +97,14 @@ void launch_dispatch(const DispatchParams& params, int num_blocks, cudaStream_t 
   const std::size_t shared = (p.phases & kSend) == 0 ? 0
                                                      : experts_table_bytes(p.num_tokens, p.topk) +
                                                            std::size_t(p.v.num_experts) * sizeof(int32_t);
-  if (p.fp8) {
-    dispatch_kernel<true><<<num_blocks, kThreads, shared, stream>>>(p);
-  } else {
-    dispatch_kernel<false><<<num_blocks, kThreads, shared, stream>>>(p);
-  }
-  detail::check_launch("LL dispatch kernel");
+  // A programmatic dependent of the kernel before it on the stream (a caller's, or our combine's), where
+  // nothing else comes between the two (in a CUDA graph; outside one, CallOrder's event wait does): its
+  // CTAs may start as that kernel's last ones exit and wait (wait_for_prior_grid) until it has completed,
+  // before any access, so its launch overlaps that kernel's end. The LL kernels never allow their own
+  // dependents earlier (allow_dependent_launch): CTAs of a next kernel waiting on an SM could keep out a
+  // CTA of another rank's kernel on a single-GPU team, which this kernel's waits may need.
+  launch(p.fp8 ? dispatch_kernel<true> : dispatch_kernel<false>, dim3(num_blocks), dim3(kThreads), shared, stream, true,
+         "launching LL dispatch kernel", p);
 }
 
 }  // namespace epx::kernels::ll
