@@ -9,10 +9,9 @@
 # (it restores the memory between passes, and the kernel finds what it found the first time); with a
 # peer it may not (scripts/profile_ht.sh). What such a run shows is the local chain of a kernel: at
 # EP=1 the LL dispatch sends every message to its own rank and the LL combine sends nothing.
-# Kernel replay (the default) restores memory between passes, which also leaves the kernel's code out
-# of the instruction caches, so its samples look like the bench's "cold" column; application replay
-# runs the whole bench once per pass and profiles the launch as it comes (warm caches), so it wants few
-# sections (each pass costs a bench run).
+# Kernel replay (the default) also leaves the kernel's code out of the instruction caches (the bench's
+# "cold" column); application replay runs the whole bench once per pass and profiles the launch as it
+# comes (warm caches), so it wants few sections.
 # The build needs line information for the source lines (-DCMAKE_CUDA_FLAGS=-lineinfo; the kernels'
 # instructions stay the same). Writes to $OUT (or ./device-out): details.txt, sass.csv (the source view, one row per
 # instruction; the report too with KEEP_REPORT=1) and lines.txt (scripts/profile_lines.py: the stall

@@ -12,7 +12,8 @@ namespace epx::kernels {
 
 // Launches `kernel` on `stream`. With `dependent`, it may start while the kernel before it on the
 // stream runs (programmatic dependent launch): it must not read that kernel's outputs before
-// wait_for_prior_grid (grid.cuh), and nothing else may come between the two on the stream.
+// wait_for_prior_grid (grid.cuh). Only a kernel right before it counts: anything between the two on the
+// stream (an event wait, a copy) keeps the usual order.
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
             bool dependent, const char* what, Args&&... args) {

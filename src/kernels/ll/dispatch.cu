@@ -97,12 +97,11 @@ void launch_dispatch(const DispatchParams& params, int num_blocks, cudaStream_t 
   const std::size_t shared = (p.phases & kSend) == 0 ? 0
                                                      : experts_table_bytes(p.num_tokens, p.topk) +
                                                            std::size_t(p.v.num_experts) * sizeof(int32_t);
-  // A programmatic dependent of the kernel before it on the stream (a caller's, or our combine's), where
-  // nothing else comes between the two (in a CUDA graph; outside one, CallOrder's event wait does): its
-  // CTAs may start as that kernel's last ones exit and wait (wait_for_prior_grid) until it has completed,
-  // before any access, so its launch overlaps that kernel's end. The LL kernels never allow their own
-  // dependents earlier (allow_dependent_launch): CTAs of a next kernel waiting on an SM could keep out a
-  // CTA of another rank's kernel on a single-GPU team, which this kernel's waits may need.
+  // A programmatic dependent (launch.hpp) of the kernel before it, a caller's or our combine's: in a CUDA
+  // graph its CTAs start as that kernel's last ones exit (outside one, CallOrder's event wait sits between
+  // them). The LL kernels never allow their own dependents earlier (allow_dependent_launch): a next
+  // kernel's waiting CTAs could keep out a CTA of another rank's kernel on a single-GPU team, which this
+  // kernel's waits may need.
   launch(p.fp8 ? dispatch_kernel<true> : dispatch_kernel<false>, dim3(num_blocks), dim3(kThreads), shared, stream, true,
          "launching LL dispatch kernel", p);
 }
