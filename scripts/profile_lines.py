@@ -15,6 +15,7 @@ import csv
 import re
 
 SAMPLES = 'Warp Stall Sampling (All Samples)'
+REASON = 'stall_'  # the prefix of a stall reason's column
 
 
 def number(text):
@@ -66,7 +67,8 @@ def main():
     args = parser.parse_args()
     cols, body = read_view(args.view)
     samples, executed, text = cols.index(SAMPLES), cols.index('Instructions Executed'), cols.index('Source')
-    reasons = [i for i, c in enumerate(cols) if c.startswith('stall_') and 'Not Issued' not in c]
+    # (column, reason) of every stall reason's all-samples column
+    reasons = [(i, c[len(REASON):]) for i, c in enumerate(cols) if c.startswith(REASON) and 'Not Issued' not in c]
     total = sum(number(r[samples]) for r in body) or 1.0
 
     def summary(rows_samples, rows_reasons):
@@ -75,13 +77,13 @@ def main():
 
     by_reason = collections.Counter()
     for r in body:
-        for i in reasons:
-            by_reason[cols[i][6:]] += number(r[i])
+        for i, name in reasons:
+            by_reason[name] += number(r[i])
     print('%d samples, %d instructions; by reason: %s' % (total, len(body), ', '.join(
         '%s %.1f%%' % (name, 100 * n / total) for name, n in by_reason.most_common() if n > 0)))
     print('instructions with the most samples:')
     for r in sorted(body, key=lambda r: -number(r[samples]))[:args.top]:
-        print(summary(number(r[samples]), {cols[i][6:]: number(r[i]) for i in reasons}), r[text].strip()[:70])
+        print(summary(number(r[samples]), {name: number(r[i]) for i, name in reasons}), r[text].strip()[:70])
 
     ops = [opcode(r[text]) for r in body]
     lines = None
@@ -97,8 +99,8 @@ def main():
         entry = per_line[where]
         entry[0] += number(r[samples])
         entry[1] += number(r[executed])
-        for i in reasons:
-            entry[2][cols[i][6:]] += number(r[i])
+        for i, name in reasons:
+            entry[2][name] += number(r[i])
     print('source lines with the most samples (%s; executed: warp-instructions, share of the kernel\'s):' % function)
     all_executed = sum(e[1] for e in per_line.values()) or 1.0
     for where, (n, x, rs) in sorted(per_line.items(), key=lambda kv: -kv[1][0])[:args.top]:
