@@ -45,6 +45,21 @@ __global__ void store_copy(const int4* __restrict__ src, int4* dst, std::size_t 
 
 __global__ void empty_kernel() {}
 
+// The LL kernels' way of storing to a peer, alone: `items` items of 8 lines of 128 bytes (1 KiB) at dst,
+// item i on warp i % 16 of CTA i / 16 (and i + warps, ...), as the LL dispatch deals its send items; each
+// item as two store instructions of the warp, 4 whole lines (512 contiguous bytes) each, through
+// kernels::ll::store_vector.
+__global__ void __launch_bounds__(512) line_burst(uint4* dst, int items) {
+  constexpr int kVectorsPerItem = 8 * core::kLlLineVectors;
+  using kernels::kWarp;
+  const int warps_per_cta = blockDim.x / kWarp, lane = threadIdx.x % kWarp;
+  for (int i = blockIdx.x * warps_per_cta + threadIdx.x / kWarp; i < items; i += gridDim.x * warps_per_cta) {
+    for (int k = 0; k < kVectorsPerItem / kWarp; ++k) {
+      kernels::ll::store_vector(dst + i * kVectorsPerItem + k * kWarp + lane, make_uint4(i, k, lane, 0));
+    }
+  }
+}
+
 // Rank 0 and rank 1 bounce a counter: each waits for the other's value, then bumps the other's flag.
 // flags[0] of each rank is written only by the other rank.
 __global__ void ping_pong(TeamView team, transport::SymmetricView flags, int iterations, uint64_t* elapsed_ns) {
@@ -184,6 +199,18 @@ Limits measure_limits(Team& team) {
       detail::fail(ErrorKind::internal, "NVLink limit test: " + std::to_string(bad_host) + " words arrived wrong");
 
     limits.stamps = probe_stamped_stores(team, StampPath::nvlink);
+
+    // Bursts of lines (line_burst) from the LL grid to the next rank, every rank at once, each kernel
+    // captured alone in a graph and timed as the LL calls are (its stores are complete when it is): the
+    // floor under an LL call that stores that much. After the check above: they overwrite the inbox.
+    for (LineBurst& burst : limits.line_bursts) {
+      const int items = int(burst.bytes / 1024);
+      const GraphExec exec = capture_graph(stream, [&](cudaStream_t s) {
+        line_burst<<<c.sms, 512, 0, s>>>(static_cast<uint4*>(inbox.peer(next)), items);
+        detail::check_launch("line_burst");
+      });
+      burst.us = time_on_stream(stream, 5, 100, barrier, [&](cudaStream_t s) { launch_graph(exec, s); }).median_us;
+    }
 
     // One-way flag latency between ranks 0 and 1 (the others sit out).
     SymmetricMemory flags = team.allocate_symmetric(4096);

@@ -2,6 +2,7 @@
 // bench's results are compared against.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "bench/stamp_probe.hpp"
@@ -12,6 +13,13 @@ namespace epx::bench {
 // One dependent load's round trip, in ns, as the LL kernels poll: ld.relaxed.sys and ld.volatile.
 struct LoadRoundTrip {
   double relaxed_sys = 0, volatile_load = 0;
+};
+
+// A burst of 128-byte lines stored to the next rank in one launch of the LL grid, as the LL kernels store
+// them, timed as the LL calls are (limits.cu's line_burst).
+struct LineBurst {
+  std::size_t bytes = 0;
+  double us = 0;
 };
 
 struct Limits {
@@ -30,6 +38,8 @@ struct Limits {
   bool data_checked = false;             // every byte the NVLink tests moved was compared on the GPU
   StampProbe stamps;                     // whether stamped stores arrive whole over NVLink (stamp_probe.cu)
   StampProbe stamps_same_gpu;            // and from a rank to its own memory
+  // About the LL dispatch's payload to a peer at the default shape (1.0 MB) and its combine's (1.9 MB).
+  LineBurst line_bursts[2] = {{std::size_t(1) << 20, 0}, {std::size_t(2) << 20, 0}};
 };
 
 // Collective over the team (one process per GPU). Ranks other than 0 return what they measured too.

@@ -326,6 +326,9 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
   };
   write_stamps("stamped_", limits.stamps);
   write_stamps("stamped_same_gpu_", limits.stamps_same_gpu);
+  for (const LineBurst& b : limits.line_bursts) {
+    j.field(("line_burst_" + std::to_string(b.bytes >> 20) + "_mib_us").c_str(), b.us);
+  }
   j.end_object();
   j.begin_array("results");
   if (ht != nullptr) write_ht_rows(j, *ht);
@@ -383,10 +386,11 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
   std::printf("\nLL, %d rank(s): %d tokens per rank (= T_max), hidden %d, top-%d of %d experts, %d SMs\n", ll.ranks,
               ll.tokens, ll.hidden, ll.topk, ll.experts, ll.rows.empty() ? 0 : ll.rows.front().sms);
   std::printf(
-      "LL buffer %.1f MiB per rank (target <= %zu MB: %s); one-way flag latency %.2f us, a graph of one empty "
-      "kernel timed as these calls %.2f us\n",
+      "LL buffer %.1f MiB per rank (target <= %zu MB: %s); one-way flag latency %.2f us; timed as these calls: a "
+      "graph of one empty kernel %.2f us, a launch storing 1 / 2 MiB of lines to the peer %s / %s us\n",
       mib, kLlBufferTargetBytes / 1000000, ll.buffer_bytes <= kLlBufferTargetBytes ? "met" : "MISSED",
-      l.flag_latency_us, l.one_kernel_graph_us);
+      l.flag_latency_us, l.one_kernel_graph_us, number_or_dash(l.line_bursts[0].us, "%.2f").c_str(),
+      number_or_dash(l.line_bursts[1].us, "%.2f").c_str());
   std::printf(
       "time: the slowest rank's median of %d graph replays (one call each, after a team barrier); in a row: one call "
       "of %d replays back to back; cold: as time, with other code run on every SM before each barrier; *_send and "
@@ -433,6 +437,10 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
                 l.nvlink_sm_store_gbps);
     std::printf("%-44s %9.1f GB/s\n", "NVLink SM stores, per direction (16 CTAs)", l.nvlink_sm_store_16_blocks_gbps);
     std::printf("%-44s %9.1f GB/s\n", "NVLink copy engine, per direction", l.nvlink_copy_engine_gbps);
+    for (const LineBurst& b : l.line_bursts) {
+      std::printf("%-44s %9.2f us\n",
+                  (std::to_string(b.bytes >> 20) + " MiB of lines to the next rank, as LL calls").c_str(), b.us);
+    }
     std::printf("%-44s %9.2f us\n", "flag latency, one way", l.flag_latency_us);
     std::printf("%-44s %12s\n", "NVLink data checked", l.data_checked ? "yes" : "NO");
     const auto print_load = [](const char* where, const LoadRoundTrip& t) {
