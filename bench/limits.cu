@@ -49,8 +49,10 @@ __global__ void empty_kernel() {}
 // item i on warp i % 16 of CTA i / 16 (and i + warps, ...), as the LL dispatch deals its send items; each
 // item as two store instructions of the warp, 4 whole lines (512 contiguous bytes) each, through
 // kernels::ll::store_vector.
+constexpr int kBurstItemLines = 8;
+constexpr std::size_t kBurstItemBytes = kBurstItemLines * core::kLlLineBytes;
 __global__ void __launch_bounds__(512) line_burst(uint4* dst, int items) {
-  constexpr int kVectorsPerItem = 8 * core::kLlLineVectors;
+  constexpr int kVectorsPerItem = kBurstItemLines * core::kLlLineVectors;
   using kernels::kWarp;
   const int warps_per_cta = blockDim.x / kWarp, lane = threadIdx.x % kWarp;
   for (int i = blockIdx.x * warps_per_cta + threadIdx.x / kWarp; i < items; i += gridDim.x * warps_per_cta) {
@@ -204,7 +206,7 @@ Limits measure_limits(Team& team) {
     // captured alone in a graph and timed as the LL calls are (its stores are complete when it is): the
     // floor under an LL call that stores that much. After the check above: they overwrite the inbox.
     for (LineBurst& burst : limits.line_bursts) {
-      const int items = int(burst.bytes / 1024);
+      const int items = int(burst.bytes / kBurstItemBytes);
       const GraphExec exec = capture_graph(stream, [&](cudaStream_t s) {
         line_burst<<<c.sms, 512, 0, s>>>(static_cast<uint4*>(inbox.peer(next)), items);
         detail::check_launch("line_burst");
