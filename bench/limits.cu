@@ -150,11 +150,10 @@ Limits measure_limits(Team& team) {
   // A graph of `kernels` empty kernels (the LL grid), launched once per timing after before(): the
   // median per kernel.
   const auto empty_graph_us = [&](int kernels, const std::function<void(cudaStream_t)>& before) {
-    const GraphExec exec = capture_graph(stream, [&](cudaStream_t s) {
+    const auto empty_kernels = [&](cudaStream_t s) {
       for (int i = 0; i < kernels; ++i) empty_kernel<<<c.sms, 512, 0, s>>>();
-    });
-    const Timing t = time_on_stream(stream, 5, 100, before, [&](cudaStream_t s) { launch_graph(exec, s); });
-    return t.median_us / kernels;
+    };
+    return time_graph(stream, 5, 100, empty_kernels, before).median_us / kernels;
   };
   // Ten kernels in one graph: the floor under any kernel in a stream of them (each launch overlaps the
   // kernel before it).
@@ -207,11 +206,11 @@ Limits measure_limits(Team& team) {
     // floor under an LL call that stores that much. After the check above: they overwrite the inbox.
     for (LineBurst& burst : limits.line_bursts) {
       const int items = int(burst.bytes / kBurstItemBytes);
-      const GraphExec exec = capture_graph(stream, [&](cudaStream_t s) {
+      const auto store = [&](cudaStream_t s) {
         line_burst<<<c.sms, 512, 0, s>>>(static_cast<uint4*>(inbox.peer(next)), items);
         detail::check_launch("line_burst");
-      });
-      burst.us = time_on_stream(stream, 5, 100, barrier, [&](cudaStream_t s) { launch_graph(exec, s); }).median_us;
+      };
+      burst.us = time_graph(stream, 5, 100, store, barrier).median_us;
     }
 
     // One-way flag latency between ranks 0 and 1 (the others sit out).

@@ -341,8 +341,7 @@ double graph_launch_us(const std::function<void(cudaStream_t)>& launch, const st
                        int repetitions) {
   cudaStream_t stream;
   check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  const GraphExec exec = capture_graph(stream, launch);
-  const Timing t = time_on_stream(stream, 5, repetitions, before, [&](cudaStream_t s) { launch_graph(exec, s); });
+  const Timing t = time_graph(stream, 5, repetitions, launch, before);
   cudaStreamDestroy(stream);
   return t.median_us;
 }

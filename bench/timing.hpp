@@ -81,4 +81,13 @@ inline GraphExec capture_graph(cudaStream_t stream, const std::function<void(cud
   return GraphExec(exec);
 }
 
+// `calls(stream)` captured alone in a graph (capture_graph), then timed one launch at a time
+// (time_on_stream), each after before(stream).
+inline Timing time_graph(cudaStream_t stream, int warmup, int repetitions,
+                         const std::function<void(cudaStream_t)>& calls,
+                         const std::function<void(cudaStream_t)>& before) {
+  const GraphExec exec = capture_graph(stream, calls);
+  return time_on_stream(stream, warmup, repetitions, before, [&](cudaStream_t s) { launch_graph(exec, s); });
+}
+
 }  // namespace epx::bench
