@@ -476,9 +476,7 @@ template <bool kNaive>
 __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
   wait_for_prior_grid();  // a programmatic dependent (launch_combine): no access before this
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_start>(p.v.team);
-  // Not the last CTA (unless it is the only one): it takes the first receive items (first_receive_item).
-  if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlCombine);
-  const uint64_t cseq = call_sequence(p.v, core::kLlCombine, p.set);
+  const uint64_t cseq = begin_call(p.v, core::kLlCombine, p.set);
   if (!kNaive && (p.phases & kSend) && weights_given_here(p)) send_weights(p, cseq);
   extern __shared__ uint4 early_own_shared[];  // kEarlyOwnBytes where early_own_rows(p)
   uint4(*own_first)[2] = reinterpret_cast<uint4(*)[2]>(early_own_shared);

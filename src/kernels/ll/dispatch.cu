@@ -56,11 +56,8 @@ template <bool kFp8>
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchParams p) {
   wait_for_prior_grid();  // a programmatic dependent (launch_dispatch): no access before this
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_start>(p.v.team);
-  // Not the last CTA (unless it is the only one): it sends the counts, which every receive waits for.
-  if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(p.v, core::kLlDispatch);
-  const uint64_t seq = call_sequence(p.v, core::kLlDispatch, p.set);
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask: see send and receive
-  if (p.phases & kSend) send<kFp8>(p, seq, masked);
+  const uint64_t seq = p.phases & kSend ? send<kFp8>(p, masked) : begin_call(p.v, core::kLlDispatch, p.set);
   if (p.phases & kReceive) receive<kFp8>(p, seq, masked);
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_end>(p.v.team);
 }

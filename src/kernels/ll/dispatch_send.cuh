@@ -191,36 +191,47 @@ __device__ uint32_t load_weight(const DispatchParams& p, int t) {
   return p.weights != nullptr && lane < p.topk ? __float_as_uint(p.weights[t * p.weights_row_stride + lane]) : 0u;
 }
 
-// One warp: this lane's vectors of item g of token t's row as they go on the wire (the stamp vectors
-// included). FP8: the warp reduces each group's amax (a group spans lanes of both instructions), and
-// line 8 g + j's stamp vector carries group 7 g + j's scale (j < 7). Needs no
-// routing, so a warp does it for its first item before the top-k table is staged.
+// One warp, item g of token t's row: this lane's loads of x (BF16 columns; none for a stamp lane),
+// issued by load_item and turned into the vectors on the wire by finish_item, so that a warp's first item
+// can be loaded before the kernel's other start-up loads and work (see send).
 template <bool kFp8>
-__device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g, uint4 (&x)[2]) {
+struct ItemLoads {
+  uint4 raw[2][kFp8 ? 2 : 1];  // [instruction j][BF16 vectors of this lane's line vector]
+};
+
+template <bool kFp8>
+__device__ ItemLoads<kFp8> load_item(const DispatchParams& p, int t, int g) {
   const int vector = line_vector(), bytes = row_bytes<kFp8>(p);
   const uint16_t* row = p.x + t * p.x_row_stride;
+  ItemLoads<kFp8> l = {};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int byte = line_byte(item_line(g, j));
+    if (vector == kDataVectors || byte >= bytes) continue;  // the stamp lane loads nothing
+    // FP8: byte = column, two vectors of 8 BF16 columns; BF16: byte / 2 = column, one vector.
+#pragma unroll
+    for (int k = 0; k < (kFp8 ? 2 : 1); ++k) l.raw[j][k] = *reinterpret_cast<const uint4*>(row + (kFp8 ? byte + 8 * k : byte / 2));
+  }
+  return l;
+}
+
+// One warp: this lane's vectors of item g as they go on the wire (the stamp vectors, of call seq,
+// included), from its loads `l`. FP8: the warp reduces each group's amax (a group spans lanes of both
+// instructions), and line 8 g + j's stamp vector carries group 7 g + j's scale (j < 7). The stamp is
+// worked out where it is stored: the cast does not wait for the sequence number's load.
+template <bool kFp8>
+__device__ void finish_item(const DispatchParams& p, uint64_t seq, int g, const ItemLoads<kFp8>& l, uint4 (&x)[2]) {
+  const int vector = line_vector(), bytes = row_bytes<kFp8>(p);
   int line[2], byte[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     line[j] = item_line(g, j);
-    byte[j] = vector < kDataVectors ? line_byte(line[j]) : bytes;  // the stamp lane loads nothing
+    byte[j] = vector < kDataVectors ? line_byte(line[j]) : bytes;
   }
   if (!kFp8) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      x[j] = vector == kDataVectors ? make_uint4(stamp, 0u, 0u, 0u)
-             : byte[j] < bytes      ? *reinterpret_cast<const uint4*>(row + byte[j] / 2)
-                                    : make_uint4(0u, 0u, 0u, 0u);
-    }
+    for (int j = 0; j < 2; ++j) x[j] = vector == kDataVectors ? make_uint4(core::ll_stamp(seq), 0u, 0u, 0u) : l.raw[j][0];
     return;
-  }
-  // FP8: this lane's 16 columns (byte = column) as two vectors of 8 BF16 columns each.
-  uint4 raw[2][2] = {};
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    if (byte[j] >= bytes) continue;
-    raw[j][0] = *reinterpret_cast<const uint4*>(row + byte[j]);
-    raw[j][1] = *reinterpret_cast<const uint4*>(row + byte[j] + 8);
   }
   // Each group's amax over the warp (float bits >= 0 order as the floats; a lane's vectors count in
   // their group, -1 for none); lane k < kItemGroups works out group k's scale and its inverse, and
@@ -231,7 +242,7 @@ __device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g,
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     group[j] = byte[j] < bytes ? (byte[j] - item_byte) / kGroup : -1;
-    amax[j] = group[j] >= 0 ? __float_as_uint(fmaxf(amax_of(raw[j][0]), amax_of(raw[j][1]))) : 0u;
+    amax[j] = group[j] >= 0 ? __float_as_uint(fmaxf(amax_of(l.raw[j][0]), amax_of(l.raw[j][1]))) : 0u;
   }
   uint32_t group_amax = 0u;  // lane k < kItemGroups: group k's
 #pragma unroll
@@ -249,9 +260,9 @@ __device__ void load_item(const DispatchParams& p, uint32_t stamp, int t, int g,
     const float scale = __shfl_sync(~0u, group_scale, from), inv = __shfl_sync(~0u, group_inv, from);
     if (vector == kDataVectors) {
       const bool carries = k < kItemGroups && kItemGroups * g + k < groups;
-      x[j] = make_uint4(stamp, __float_as_uint(carries ? scale : 0.0f), 0u, 0u);
+      x[j] = make_uint4(core::ll_stamp(seq), __float_as_uint(carries ? scale : 0.0f), 0u, 0u);
     } else if (byte[j] < bytes) {
-      const uint2 lo = to_fp8(raw[j][0], inv), hi = to_fp8(raw[j][1], inv);
+      const uint2 lo = to_fp8(l.raw[j][0], inv), hi = to_fp8(l.raw[j][1], inv);
       x[j] = make_uint4(lo.x, lo.y, hi.x, hi.y);
     } else {
       x[j] = make_uint4(0u, 0u, 0u, 0u);
@@ -355,8 +366,9 @@ __host__ __device__ inline std::size_t experts_table_bytes(int num_tokens, int t
 }
 
 // `masked`: the CTA's view of the mask, set here (the receive step of the same launch reads it too).
+// Returns the call's sequence number (begin_call).
 template <bool kFp8>
-__device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
+__device__ uint64_t send(const DispatchParams& p, bool* masked) {
   extern __shared__ int4 send_shared[];
   int16_t* experts = reinterpret_cast<int16_t*>(send_shared);
   int32_t* counts =
@@ -371,10 +383,15 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   // ~3 us after the others'.) Where the work fits in one warp per CTA (FP8 at H = 7168 on 132 SMs: T <= 14),
   // item i goes to warp 0 of CTA i instead (first_work_item): a cast and its CTA's staging barrier then
   // wait for no other item (T = 1, 2026-11-23: FP8 12.7 -> 11.9 us). A warp's first work is loaded (a
-  // send item: and cast) before the table is staged, with the peers' freed flags.
-  const uint32_t stamp = core::ll_stamp(seq);
+  // send item: and cast) before the table is staged, with the peers' freed flags; a first send item's
+  // row loads go out before anything else the kernel loads (its sequence number included), as the
+  // start-up's ~200 instructions took ~1 us (phase trace at EP=1, 2026-11-29).
   const int per_row = int(p.by_row_items.d), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
   const int warps = gridDim.x * kWarps, first = first_work_item(work, int(blockIdx.x), 0, kWarps);
+  const bool first_sends = first >= routing && first < work;
+  const auto [first_t, first_g] = p.by_row_items.split(uint32_t(max(first - routing, 0)));
+  const ItemLoads<kFp8> first_loads = first_sends ? load_item<kFp8>(p, int(first_t), int(first_g)) : ItemLoads<kFp8>{};
+  const uint64_t seq = begin_call(v, core::kLlDispatch, p.set);
   SetFree free = load_set_free(v, core::kLlDispatch, p.set);
   // The table's first entries (kEarlyEntries per thread) and the rank mask are loaded before the warp's
   // first work, so that their round trips overlap its loads instead of following them (kThreads >=
@@ -393,9 +410,8 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
   const bool rank_masked = int(threadIdx.x) < v.team.nranks && is_masked(v, threadIdx.x);
   uint32_t weight = first < routing ? load_weight(p, first) : 0u;
   uint4 vectors[2] = {};
-  if (first >= routing && first < work) {
-    const auto [t, g] = p.by_row_items.split(uint32_t(first - routing));
-    load_item<kFp8>(p, stamp, int(t), int(g), vectors);
+  if (first_sends) {
+    finish_item<kFp8>(p, seq, int(first_g), first_loads, vectors);
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_loaded>(v.team);
   }
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
@@ -428,11 +444,12 @@ __device__ void send(const DispatchParams& p, uint64_t seq, bool* masked) {
       continue;
     }
     const auto [t, g] = p.by_row_items.split(uint32_t(i - routing));
-    if (i != first) load_item<kFp8>(p, stamp, int(t), int(g), vectors);
+    if (i != first) finish_item<kFp8>(p, seq, int(g), load_item<kFp8>(p, int(t), int(g)), vectors);
     ok = send_item<kFp8>(p, experts, seq, int(t), int(g), vectors, free);
     sent_lines = ok;
   }
   if (sent_lines && threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_sent>(v.team);
+  return seq;
 }
 
 }  // namespace
