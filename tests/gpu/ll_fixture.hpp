@@ -44,7 +44,8 @@ struct LlCase {
   bool repeat_slot = false;          // every third token names its first expert again in its last slot
   bool roomy_buffer = false;         // buffer made for hidden 7168 and top-16, larger than the call's H and K
   std::string name;
-  int num_sms = 0;  // LlConfig::num_sms (0: the default grid)
+  int num_sms = 0;         // LlConfig::num_sms (0: the default grid)
+  bool special_x = false;  // x holds the FP8 cast's edge cases (put_special_values)
 };
 
 inline void PrintTo(const LlCase& c, std::ostream* os) { *os << c.name; }
@@ -101,6 +102,25 @@ inline ref::Tensor3<uint16_t> make_hashed_bf16(int64_t d0, int64_t d1, int64_t d
   return t;
 }
 
+// The FP8 cast's edge cases, in one 128-column group of each token t (group t % groups), by t % 5: a
+// group of NaNs (both signs); an infinity of each sign among random values (scale and products not
+// finite); a group of zeros (both signs) and subnormals (amax below the floor); NaNs and the largest
+// finite BF16 among random values; the group as drawn.
+inline void put_special_values(ref::Matrix<uint16_t>& x) {
+  const int64_t groups = x.cols / 128;
+  for (int64_t t = 0; t < x.rows; ++t) {
+    uint16_t* group = &x.at(t, (t % groups) * 128);
+    for (int i = 0; i < 128; ++i) {
+      const uint16_t sign = (i & 1) != 0 ? 0x8000u : 0u;
+      const int kind = int(t % 5);
+      if (kind == 0) group[i] = uint16_t(sign | 0x7FC0u);
+      if (kind == 1 && (i == 5 || i == 70)) group[i] = uint16_t(sign | 0x7F80u);
+      if (kind == 2) group[i] = uint16_t(sign | (i % 3 == 0 ? 0 : i));  // exponent 0: zero or subnormal
+      if (kind == 3 && i % 9 == 0) group[i] = i % 2 == 0 ? uint16_t(0x7FC1u) : uint16_t(sign | 0x7F7Fu);
+    }
+  }
+}
+
 // Inputs only (tokens, weights, y); compute_ll_reference adds the reference's outputs. Split so a test
 // can edit the inputs the reference sees (an invalid id becomes -1) before computing it.
 inline LlExpected make_ll_inputs(const LlCase& c, int R, uint32_t seed) {
@@ -113,6 +133,7 @@ inline LlExpected make_ll_inputs(const LlCase& c, int R, uint32_t seed) {
     std::mt19937 rng = rank_rng(seed, r, 0);
     ref::LlTokens in;
     in.x = make_bf16(rng, c.T, c.H);
+    if (c.special_x) put_special_values(in.x);
     in.topk_idx = make_topk_idx(rng, c.T, c.K, x.E, c.routing, c.p_empty);
     in.topk_weights = make_floats(rng, c.T, c.K, 0.0f, 1.0f);
     if (c.repeat_slot && c.K >= 2) {
@@ -400,9 +421,11 @@ inline void expect_fp8_close_to_input(const LlCase& c, const LlExpected& x, int 
           const int64_t g = h / 128;
           const float scale =
               uses_ue8m0(c) ? ue8m0_scale(got.x_scales_ue8m0.at(e, row, g / 4), g % 4) : got.x_scales.at(e, row, g);
-          const float value = ref::e4m3_to_float(got.x_fp8.at(e, row, h)) * scale;
+          // In double: 2^120 (the scale of a group holding the largest BF16) times 256 exceeds a float.
+          const double value = double(ref::e4m3_to_float(got.x_fp8.at(e, row, h))) * scale;
           const float input = ref::bf16_to_float(x.tokens[s].x.at(t, h));
-          if (std::fabs(value - input) <= std::fabs(input) * 0.07f + scale * 0.002f) continue;
+          if (!std::isfinite(input) || !std::isfinite(scale)) continue;  // special_x: the reference's bits decide
+          if (std::fabs(value - input) <= std::fabs(input) * 0.07 + scale * 0.002) continue;
           ADD_FAILURE() << "rank " << rank << ": local expert " << e << " row " << row << " (source rank " << s
                         << ", token " << t << "): column " << h << " dequantises to " << value << ", input " << input
                         << " (scale " << scale << ")";

@@ -1,10 +1,10 @@
 // LL dispatch and combine against the CPU reference, on one process per GPU and on one GPU with 2, 4
 // and 8 ranks: BF16 and FP8 (plain, power-of-two scales, UE8M0; row- and column-major scales), int64
 // and int32 routing, uniform, Zipf and one-hot routings with -1 slots and repeated experts, T from 0
-// to T_max. Each case runs three times on one buffer (both buffer sets), outputs poisoned before every
-// call; combine runs in the local order (with the weights given to dispatch, or in the cases without
-// dispatch weights with those given to combine) and the naive one (weights given to combine), each
-// compared bit for bit with the reference.
+// to T_max, x with NaNs, infinities and subnormals. Each case runs three times on one buffer (both
+// buffer sets), outputs poisoned before every call; combine runs in the local order (with the weights
+// given to dispatch, or in the cases without dispatch weights with those given to combine) and the
+// naive one (weights given to combine), each compared bit for bit with the reference.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -69,6 +69,9 @@ std::vector<LlCase> cases() {
       {0, 77, 128, 2048, 1, 64, Rt::uniform, 0.1, P::fp8_ue8m0, false, true, false, false, true,
        "World_SmallerThanBuffer_Ue8m0"},
       {0, 77, 128, 2048, 8, 64, Rt::uniform, 1.0, P::fp8, false, true, false, false, false, "World_AllSlotsEmpty"},
+      // NaNs, infinities, zeros and subnormals in x (the FP8 cast's amax, scale and products).
+      {0, 77, 128, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "World_SpecialValues_Fp8",
+       0, true},
       // More than 8 slots (the block rows' count for up to 16 slots, headers and combine rows of 16 slots).
       {0, 128, 128, 2048, 16, 256, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "World_K16_Fp8"},
       {0, 77, 128, 2048, 12, 64, Rt::zipf, 0.1, P::bf16, true, true, false, true, false,
@@ -115,6 +118,8 @@ std::vector<LlCase> cases() {
       {4, 32, 32, 2048, 16, 64, Rt::uniform, 0.1, P::fp8_ue8m0, false, true, false, false, false,
        "SingleGpu4_K16_Ue8m0"},
       {4, 64, 64, 2048, 8, 64, Rt::zipf, 0.1, P::fp8, false, true, false, false, false, "SingleGpu4_OneSmEach_Fp8", 1},
+      {4, 64, 64, 4096, 8, 64, Rt::zipf, 0.1, P::fp8_round_scale, false, true, true, false, false,
+       "SingleGpu4_SpecialValues_Fp8RoundScale_ColumnMajorScales", 0, true},
       // One GPU, 8 ranks.
       {8, 32, 32, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu8_Uniform_Fp8"},
       {8, 32, 32, 2048, 8, kEq, Rt::uniform, 0.0, P::fp8_ue8m0, true, true, true, false, false,
