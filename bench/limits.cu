@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "bench/ll_bench.hpp"
 #include "bench/team_sync.hpp"
 #include "bench/timing.hpp"
 #include "core/cuda_check.hpp"
@@ -147,13 +148,15 @@ Limits measure_limits(Team& team) {
   });
   limits.hbm_copy_gbps = 2.0 * kBytes / (hbm.median_us * 1e-6) / 1e9;
 
-  // A graph of `kernels` empty kernels (the LL grid), launched once per timing after before(): the
+  // `kernels` empty kernels of the LL grid; a graph of them, launched once per timing after before(): the
   // median per kernel.
-  const auto empty_graph_us = [&](int kernels, const std::function<void(cudaStream_t)>& before) {
-    const auto empty_kernels = [&](cudaStream_t s) {
+  const auto empty_kernels = [&](int kernels) {
+    return [&, kernels](cudaStream_t s) {
       for (int i = 0; i < kernels; ++i) empty_kernel<<<c.sms, 512, 0, s>>>();
     };
-    return time_graph(stream, 5, 100, empty_kernels, before).median_us / kernels;
+  };
+  const auto empty_graph_us = [&](int kernels, const std::function<void(cudaStream_t)>& before) {
+    return time_graph(stream, 5, 100, empty_kernels(kernels), before).median_us / kernels;
   };
   // Ten kernels in one graph: the floor under any kernel in a stream of them (each launch overlaps the
   // kernel before it).
@@ -161,6 +164,15 @@ Limits measure_limits(Team& team) {
   // One kernel per graph, after a team barrier, events around the launch: how ll_bench.cu times each LL
   // call, so the floor under each of them.
   limits.one_kernel_graph_us = empty_graph_us(1, barrier);
+  // The same graph launched back to back, events around each round of launches: how ll_bench.cu times the
+  // LL calls in a row by default (kLlInARowRounds rounds of LlBenchOptions::replays), so the floor under
+  // that column.
+  const GraphExec one_kernel = capture_graph(stream, empty_kernels(1));
+  launch_graph(one_kernel, stream);  // its first launch uploads it
+  limits.one_kernel_graph_in_a_row_us =
+      time_in_a_row(stream, kLlInARowRounds, LlBenchOptions{}.replays, barrier, [&](cudaStream_t s, int) {
+        launch_graph(one_kernel, s);
+      }).median_us;
 
   if (team.size() >= 2 && !team.is_single_gpu()) {
     limits.measured_nvlink = true;

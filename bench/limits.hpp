@@ -27,17 +27,18 @@ struct Limits {
   double nvlink_sm_store_gbps = 0;  // 16-byte stores, every rank writing to the next at once, per direction
   int nvlink_sm_store_blocks = 0;   // CTAs used for that
   double nvlink_sm_store_16_blocks_gbps = 0;
-  double nvlink_copy_engine_gbps = 0;    // cudaMemcpyAsync to the peer, every rank at once, per direction
-  double flag_latency_us = 0;            // one way, rank 0 <-> rank 1 ping-pong
-  double empty_graph_kernel_us = 0;      // an empty kernel replayed from a CUDA graph (ten per graph)
-  double one_kernel_graph_us = 0;        // a graph of one empty kernel, timed as the LL calls are
-  double hbm_copy_gbps = 0;              // device-to-device copy, bytes read + written
-  LoadRoundTrip load_private_ns;         // a word of cudaMalloc memory
-  LoadRoundTrip load_own_symmetric_ns;   // a word of this rank's symmetric memory, at the address kernels use
-  LoadRoundTrip load_peer_symmetric_ns;  // a word of the next rank's symmetric memory (over NVLink)
-  bool data_checked = false;             // every byte the NVLink tests moved was compared on the GPU
-  StampProbe stamps;                     // whether stamped stores arrive whole over NVLink (stamp_probe.cu)
-  StampProbe stamps_same_gpu;            // and from a rank to its own memory
+  double nvlink_copy_engine_gbps = 0;       // cudaMemcpyAsync to the peer, every rank at once, per direction
+  double flag_latency_us = 0;               // one way, rank 0 <-> rank 1 ping-pong
+  double empty_graph_kernel_us = 0;         // an empty kernel replayed from a CUDA graph (ten per graph)
+  double one_kernel_graph_us = 0;           // a graph of one empty kernel, timed as the LL calls are
+  double one_kernel_graph_in_a_row_us = 0;  // the same graph, timed as the LL calls in a row are
+  double hbm_copy_gbps = 0;                 // device-to-device copy, bytes read + written
+  LoadRoundTrip load_private_ns;            // a word of cudaMalloc memory
+  LoadRoundTrip load_own_symmetric_ns;      // a word of this rank's symmetric memory, at the address kernels use
+  LoadRoundTrip load_peer_symmetric_ns;     // a word of the next rank's symmetric memory (over NVLink)
+  bool data_checked = false;                // every byte the NVLink tests moved was compared on the GPU
+  StampProbe stamps;                        // whether stamped stores arrive whole over NVLink (stamp_probe.cu)
+  StampProbe stamps_same_gpu;               // and from a rank to its own memory
   // About the LL dispatch's payload to a peer at the default shape (1.0 MB) and its combine's (1.9 MB).
   LineBurst line_bursts[2] = {{std::size_t(1) << 20, 0}, {std::size_t(2) << 20, 0}};
 };

@@ -109,10 +109,8 @@ class GraphPair {
   Timing time_in_a_row(cudaStream_t stream, int rounds, int replays,
                        const std::function<void(cudaStream_t)>& before) const {
     if (replays % 2 != 0) throw std::logic_error("LL bench: graph replays must come in pairs");
-    const Timing round = time_on_stream(stream, 0, rounds, before, [&](cudaStream_t s) {
-      for (int i = 0; i < replays; ++i) launch_graph(i % 2 == 0 ? a_ : b_, s);
-    });
-    return Timing{round.median_us / replays, round.min_us / replays, round.max_us / replays};
+    return bench::time_in_a_row(stream, rounds, replays, before,
+                                [&](cudaStream_t s, int i) { launch_graph(i % 2 == 0 ? a_ : b_, s); });
   }
 
  private:

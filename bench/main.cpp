@@ -307,6 +307,7 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .field("flag_latency_us", limits.flag_latency_us)
       .field("empty_graph_kernel_us", limits.empty_graph_kernel_us)
       .field("one_kernel_graph_us", limits.one_kernel_graph_us)
+      .field("one_kernel_graph_in_a_row_us", limits.one_kernel_graph_in_a_row_us)
       .field("hbm_copy_gbps", limits.hbm_copy_gbps)
       .field("data_checked", limits.data_checked)
       .field("load_private_relaxed_sys_ns", limits.load_private_ns.relaxed_sys)
@@ -386,11 +387,12 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
   std::printf("\nLL, %d rank(s): %d tokens per rank (= T_max), hidden %d, top-%d of %d experts, %d SMs\n", ll.ranks,
               ll.tokens, ll.hidden, ll.topk, ll.experts, ll.rows.empty() ? 0 : ll.rows.front().sms);
   std::printf(
-      "LL buffer %.1f MiB per rank (target <= %zu MB: %s); one-way flag latency %.2f us; timed as these calls: a "
-      "graph of one empty kernel %.2f us, a launch storing 1 / 2 MiB of lines to the peer %s / %s us\n",
+      "LL buffer %.1f MiB per rank (target <= %zu MB: %s); one-way flag latency %s us; timed as these calls: a "
+      "graph of one empty kernel %.2f us (in a row %.2f us), a launch storing 1 / 2 MiB of lines to the peer %s / %s "
+      "us\n",
       mib, kLlBufferTargetBytes / 1000000, ll.buffer_bytes <= kLlBufferTargetBytes ? "met" : "MISSED",
-      l.flag_latency_us, l.one_kernel_graph_us, number_or_dash(l.line_bursts[0].us, "%.2f").c_str(),
-      number_or_dash(l.line_bursts[1].us, "%.2f").c_str());
+      number_or_dash(l.flag_latency_us, "%.2f").c_str(), l.one_kernel_graph_us, l.one_kernel_graph_in_a_row_us,
+      number_or_dash(l.line_bursts[0].us, "%.2f").c_str(), number_or_dash(l.line_bursts[1].us, "%.2f").c_str());
   std::printf(
       "time: the slowest rank's median of %d graph replays (one call each, after a team barrier); in a row: one call "
       "of %d replays back to back; cold: as time, with other code run on every SM before each barrier; *_send and "
@@ -458,6 +460,7 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
   if (l.stamps_same_gpu.lines > 0) print_stamps(" (same GPU)", l.stamps_same_gpu);
   std::printf("%-44s %9.2f us\n", "empty kernel from a CUDA graph", l.empty_graph_kernel_us);
   std::printf("%-44s %9.2f us\n", "graph of one empty kernel, timed as LL calls", l.one_kernel_graph_us);
+  std::printf("%-44s %9.2f us\n", "the same, timed as LL calls in a row", l.one_kernel_graph_in_a_row_us);
   std::printf("%-44s %9.1f GB/s\n", "HBM device-to-device copy (read + write)", l.hbm_copy_gbps);
   if (ht != nullptr) {
     print_ht_table(*ht);

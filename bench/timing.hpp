@@ -90,4 +90,16 @@ inline Timing time_graph(cudaStream_t stream, int warmup, int repetitions,
   return time_on_stream(stream, warmup, repetitions, before, [&](cudaStream_t s) { launch_graph(exec, s); });
 }
 
+// `rounds` rounds, each after before(stream): events around `replays` calls of launch(stream, i), i = 0 ..
+// replays - 1, back to back (each launch overlapping the work before it, as in a stream of calls); per
+// launch, the round's time divided by `replays` (the median round's, the fastest's and the slowest's).
+inline Timing time_in_a_row(cudaStream_t stream, int rounds, int replays,
+                            const std::function<void(cudaStream_t)>& before,
+                            const std::function<void(cudaStream_t, int)>& launch) {
+  const Timing round = time_on_stream(stream, 0, rounds, before, [&](cudaStream_t s) {
+    for (int i = 0; i < replays; ++i) launch(s, i);
+  });
+  return Timing{round.median_us / replays, round.min_us / replays, round.max_us / replays};
+}
+
 }  // namespace epx::bench
