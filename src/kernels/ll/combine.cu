@@ -402,12 +402,14 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         here[b] = true;
         continue;
       }
-      here[b] = rank[b] < 0 ||
-                load_lines(v.combine_row(me, p.set, max(slot[b], 0), t), 2 * g, 2 * g + 2, lines, stamp, in[b]);
+      here[b] = rank[b] < 0;
+      if (!here[b]) issue_lines(v.combine_row(me, p.set, slot[b], t), 2 * g, 2 * g + 2, lines, in[b]);
     }
 #pragma unroll
     for (int b = 0; b < kReceiveRowsInFlight; ++b) {
       if (rank[b] < 0) continue;
+      // Checked once every row's loads are out, so that their round trips overlap (rows of mine: here).
+      if (!here[b]) here[b] = lines_carry(in[b], 2 * g, 2 * g + 2, lines, stamp);
       if (!here[b]) {
         const uint4* row = v.combine_row(me, p.set, slot[b], t);
         const PeerWait got =

@@ -183,10 +183,11 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
   const int lines = row_lines<kFp8>(p), instructions = line_instructions(lines);
   const int first = part * p.part_instructions, end = min(instructions, first + p.part_instructions);
   uint4 x[kLineBatch] = {};
-  bool here = load_lines(payload, first, min(end, first + kLineBatch), lines, stamp, x);
+  issue_lines(payload, first, min(end, first + kLineBatch), lines, x);  // checked after the routing's wait
   bool failed = false;
   const MessageRows m = message_rows<kFp8>(p, masked, stamp, s, t, failed);
   if (failed) return false;
+  bool here = lines_carry(x, first, min(end, first + kLineBatch), lines, stamp);
   if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_routed>(v.team);
   if (part == 0) {
     if (lane == 0) *v.message_slots_of(p.set, s, t) = m.slots | m.weights_at_combine;

@@ -177,20 +177,35 @@ __device__ void store_lines(uint4* row, int first, int lines, const uint4 (&x)[N
 }
 
 // Loads this lane's vectors of instructions first .. first + N - 1 of `row` (those below `end` whose
-// line is below `lines`) into x. Returns on every lane whether each of those lines carries `stamp`.
+// line is below `lines`) into x. Uses none of them: a caller may issue other loads before it checks them
+// (lines_carry), so that their round trips overlap.
 template <int N>
-__device__ bool load_lines(const uint4* row, int first, int end, int lines, uint32_t stamp, uint4 (&x)[N]) {
+__device__ void issue_lines(const uint4* row, int first, int end, int lines, uint4 (&x)[N]) {
   __syncwarp();  // a line's 8 vectors in one load instruction, so the stamp vouches for the data
-  bool here = true;
 #pragma unroll
   for (int b = 0; b < N; ++b) {
     const int line = instruction_line(first + b);
-    const bool wanted = first + b < end && line < lines;
-    if (wanted) x[b] = load_vector(row + line * core::kLlLineVectors + line_vector());
-    const uint32_t seen = line_stamp(x[b]);
-    here = here && (!wanted || seen == stamp);
+    if (first + b < end && line < lines) x[b] = load_vector(row + line * core::kLlLineVectors + line_vector());
+  }
+}
+
+// On every lane: whether each line issue_lines loaded into x (the same first, end and lines) carries `stamp`.
+template <int N>
+__device__ bool lines_carry(const uint4 (&x)[N], int first, int end, int lines, uint32_t stamp) {
+  bool here = true;
+#pragma unroll
+  for (int b = 0; b < N; ++b) {
+    const uint32_t seen = line_stamp(x[b]);  // on every lane: a shuffle
+    here = here && (first + b >= end || instruction_line(first + b) >= lines || seen == stamp);
   }
   return __all_sync(~0u, here);
+}
+
+// issue_lines, then lines_carry.
+template <int N>
+__device__ bool load_lines(const uint4* row, int first, int end, int lines, uint32_t stamp, uint4 (&x)[N]) {
+  issue_lines(row, first, end, lines, x);
+  return lines_carry(x, first, end, lines, stamp);
 }
 
 // For a wait's report (the whole warp): the stamp of the first line in x (as load_lines left it) that
