@@ -128,18 +128,19 @@ __device__ bool weights_given_here(const CombineParams& p) { return !p.naive && 
 __device__ MessageRecord load_record(const CombineParams& p, int s, int t) {
   const LlView& v = p.v;
   const int k = int(threadIdx.x % kWarp) % core::kLlMaxTopk;
-  const uint32_t word = *v.message_slots_of(p.dispatch_set, s, t);
   // My own message's flag is set exactly when my weights come here, so no load waits for the word.
   const bool mine = s == v.team.rank && weights_given_here(p);
+  const bool in_record = k < v.max_topk;
+  // The three loads go out before the word is used (no branch on it between them).
+  const uint32_t word = *v.message_slots_of(p.dispatch_set, s, t);
+  const int32_t row = in_record ? v.entry_rows_of(p.dispatch_set, s, t)[k] : 0;
+  const float weight = !in_record   ? 0.0f
+                       : !mine      ? v.entry_weights_of(p.dispatch_set, s, t)[k]
+                       : k < p.topk ? p.weights[t * p.weights_row_stride + k]
+                                    : 0.0f;
   // The same on every lane (await_weights is the whole warp's).
   const bool to_come = !p.naive && !mine && (word & core::kLlWeightsAtCombine) != 0u;
-  MessageRecord m{word & core::kLlSlotBits, 0, 0.0f, to_come};
-  if (k >= v.max_topk) return m;  // past the record
-  m.row_of_slot = v.entry_rows_of(p.dispatch_set, s, t)[k];
-  m.weight_of_slot = !mine        ? v.entry_weights_of(p.dispatch_set, s, t)[k]
-                     : k < p.topk ? p.weights[t * p.weights_row_stride + k]
-                                  : 0.0f;
-  return m;
+  return MessageRecord{word & core::kLlSlotBits, row, weight, to_come};
 }
 
 // Lane k's load of word k of the weights home rank s sends me for token t (a slot of the message whose

@@ -346,8 +346,8 @@ __device__ inline void signal_pending_freed(const LlView& v, int op) {
 
 // What every LL kernel of op does before it touches the set: thread 0 of the second-to-last CTA (the last
 // one sends the dispatch's counts and takes the combine's first receive items) sends the freed signals
-// an earlier kernel left (signal_pending_freed); every thread gets the call's sequence number. A kernel
-// issues its first rows' loads before this, so that this start-up's round trips overlap theirs.
+// an earlier kernel left (signal_pending_freed); every thread gets the call's sequence number. The
+// dispatch issues its first rows' loads before this (send), so that their round trips overlap.
 __device__ inline uint64_t begin_call(const LlView& v, int op, int set) {
   if (int(blockIdx.x) == max(int(gridDim.x) - 2, 0) && threadIdx.x == 0) signal_pending_freed(v, op);
   return call_sequence(v, op, set);
