@@ -392,8 +392,8 @@ __device__ uint64_t send(const DispatchParams& p, bool* masked) {
   // item i goes to warp 0 of CTA i instead (first_work_item): a cast and its CTA's staging barrier then
   // wait for no other item (T = 1, 2026-11-23: FP8 12.7 -> 11.9 us). A warp's first work is loaded (a
   // send item: and cast) before the table is staged, with the peers' freed flags; a first send item's
-  // row loads go out before anything else the kernel loads (its sequence number included), as the
-  // start-up's ~200 instructions took ~1 us (phase trace at EP=1, 2026-11-29).
+  // row loads go out before anything else the kernel loads (its sequence number included): after the
+  // ~330 instructions of start-up they went out ~1.1 us in (phase trace at EP=1, 2026-11-29).
   const int per_row = int(p.by_row_items.d), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
   const int warps = gridDim.x * kWarps, first = first_work_item(work, int(blockIdx.x), 0, kWarps);
   const bool first_sends = first >= routing && first < work;
