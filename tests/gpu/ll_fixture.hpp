@@ -110,9 +110,9 @@ inline void put_special_values(ref::Matrix<uint16_t>& x) {
   const int64_t groups = x.cols / 128;
   for (int64_t t = 0; t < x.rows; ++t) {
     uint16_t* group = &x.at(t, (t % groups) * 128);
+    const int kind = int(t % 5);
     for (int i = 0; i < 128; ++i) {
       const uint16_t sign = (i & 1) != 0 ? 0x8000u : 0u;
-      const int kind = int(t % 5);
       if (kind == 0) group[i] = uint16_t(sign | 0x7FC0u);
       if (kind == 1 && (i == 5 || i == 70)) group[i] = uint16_t(sign | 0x7F80u);
       if (kind == 2) group[i] = uint16_t(sign | (i % 3 == 0 ? 0 : i));  // exponent 0: zero or subnormal
