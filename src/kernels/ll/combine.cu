@@ -377,7 +377,7 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
   for (int i0 = 0; i0 < rows; i0 += kReceiveRowsInFlight) {
     uint4 in[kReceiveRowsInFlight][2] = {};
     int rank[kReceiveRowsInFlight], slot[kReceiveRowsInFlight];
-    bool here[kReceiveRowsInFlight];
+    bool from_y[kReceiveRowsInFlight];  // my own row (own_rows_direct), not lines
 #pragma unroll
     for (int b = 0; b < kReceiveRowsInFlight; ++b) {
       slot[b] = -1;
@@ -400,18 +400,17 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
           in[b][0] = own[0];
           in[b][1] = own[1];
         }
-        here[b] = true;
+        from_y[b] = true;
         continue;
       }
-      here[b] = rank[b] < 0;
-      if (!here[b]) issue_lines(v.combine_row(me, p.set, slot[b], t), 2 * g, 2 * g + 2, lines, in[b]);
+      from_y[b] = false;
+      if (rank[b] >= 0) issue_lines(v.combine_row(me, p.set, slot[b], t), 2 * g, 2 * g + 2, lines, in[b]);
     }
 #pragma unroll
     for (int b = 0; b < kReceiveRowsInFlight; ++b) {
       if (rank[b] < 0) continue;
-      // Checked once every row's loads are out, so that their round trips overlap (rows of mine: here).
-      if (!here[b]) here[b] = lines_carry(in[b], 2 * g, 2 * g + 2, lines, stamp);
-      if (!here[b]) {
+      // A row's lines are checked once every row's loads are out, so that their round trips overlap.
+      if (!from_y[b] && !lines_carry(in[b], 2 * g, 2 * g + 2, lines, stamp)) {
         const uint4* row = v.combine_row(me, p.set, slot[b], t);
         const PeerWait got =
             wait_for_lines(v, rank[b], row, 2 * g, 2 * g + 2, lines, stamp, in[b],
@@ -419,7 +418,7 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         if (got == PeerWait::failed) return false;
         if (got == PeerWait::masked) continue;  // masked while this warp waited: left out
       }
-      if (!(direct && rank[b] == me)) {  // arrived as lines
+      if (!from_y[b]) {  // arrived as lines
         in[b][0] = row_form(in[b][0]);
         in[b][1] = row_form(in[b][1]);
       }
