@@ -191,18 +191,18 @@ __device__ void load_y(const CombineParams& p, int32_t row, const int (&col)[2],
 }
 
 // Local order, the whole warp: this lane's vectors (at `col`) of message m's rows reduced, as BF16:
-// p = 0; for its slots k ascending: p = fmaf(weight_k, y[row_k], p). kRows rows' loads in flight at once.
+// p = 0; for its slots k ascending: p = fmaf(weight_k, y[row_k], p). kRowsInFlight rows' loads in flight at once.
 // settle(m), once a batch's loads are issued and before its weights are used, returns false to give the
 // message up (await_weights did not end with the weights); reduce_slots then returns false.
-template <int kRows, typename Settle>
+template <typename Settle>
 __device__ bool reduce_slots(const CombineParams& p, MessageRecord& m, const int (&col)[2], uint4 (&sums)[2],
                              Settle settle) {
   float acc[2][kColsPerVector] = {};
   for (uint32_t rest = m.slots; rest != 0u;) {
-    int slot[kRows];
-    uint4 in[kRows][2];
+    int slot[kRowsInFlight];
+    uint4 in[kRowsInFlight][2];
 #pragma unroll
-    for (int b = 0; b < kRows; ++b) {
+    for (int b = 0; b < kRowsInFlight; ++b) {
       slot[b] = rest != 0u ? __ffs(rest) - 1 : -1;
       rest &= rest - 1u;
       const int32_t row = __shfl_sync(~0u, m.row_of_slot, max(slot[b], 0));
@@ -210,7 +210,7 @@ __device__ bool reduce_slots(const CombineParams& p, MessageRecord& m, const int
     }
     if (!settle(m)) return false;
 #pragma unroll
-    for (int b = 0; b < kRows; ++b) {
+    for (int b = 0; b < kRowsInFlight; ++b) {
       const float w = __shfl_sync(~0u, m.weight_of_slot, max(slot[b], 0));
       if (slot[b] < 0) continue;
 #pragma unroll
@@ -260,7 +260,7 @@ __device__ bool send_message(const CombineParams& p, uint64_t cseq, int s, int t
       continue;
     }
     // s masked while the warp awaited its weights: nothing more goes to s.
-    if (!reduce_slots<kRowsInFlight>(p, m, col, data, settle)) return weights != PeerWait::failed;
+    if (!reduce_slots(p, m, col, data, settle)) return weights != PeerWait::failed;
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_reduced>(v.team);
     store_item(p, v.combine_row(s, p.set, me, t), stamp, g, col, data);
   }
@@ -296,10 +296,11 @@ __device__ void send_weights(const CombineParams& p, uint64_t cseq) {
 // experts on this rank) from y in its receive step instead of sending them to itself through the set.
 __host__ __device__ bool own_rows_direct(const CombineParams& p) { return (p.phases & kSend) && (p.phases & kReceive); }
 // Local order with own_rows_direct: each warp reduces its first receive item's own rows before its
-// sends (they need neither the set nor the peers), so that the receive finds them ready. The lanes keep
-// them in dynamic shared memory (kEarlyOwnBytes), each its own two vectors (no barrier).
+// sends (they need neither the set nor the peers), so that the receive finds them ready; those of its
+// later items just before each. The lanes keep them in dynamic shared memory (kOwnPartialBytes), each its
+// own two vectors (no barrier).
 __host__ __device__ bool early_own_rows(const CombineParams& p) { return own_rows_direct(p) && !p.naive; }
-constexpr std::size_t kEarlyOwnBytes = std::size_t(kThreads) * 2 * sizeof(uint4);
+constexpr std::size_t kOwnPartialBytes = std::size_t(kThreads) * 2 * sizeof(uint4);
 
 // The warp's first item of a step with `items` work items (first_work_item): sends from the grid's
 // start (one per SM: warp 0 of CTA i), receives from its end (the last warp of CTA CTAs - 1 - i), so that
@@ -332,47 +333,59 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
 
 // ---- Receive ----
 
+// Byte i of a 16-byte array of int8 held as 4 words: a dynamic index into an array in registers would put
+// the array in local memory (a copy of the whole home record did: a 40-byte stack frame).
+__device__ int byte_at(const uint32_t (&words)[4], int i) {
+  uint32_t word = words[0];
+#pragma unroll
+  for (int j = 1; j < 4; ++j) word = i / 4 == j ? words[j] : word;
+  return int(int8_t(word >> (8 * (i % 4))));
+}
+
 __device__ int receive_items(const CombineParams& p) { return p.num_tokens * row_items(p); }
 __device__ int first_receive_item(const CombineParams& p) { return first_item(receive_items(p), true); }
 
-// Local order, own_rows_direct: this lane's vectors (at `col`) of my message to myself for token t,
-// reduced (zeros where dispatch brought me nothing from myself: slots 0), kRows rows' loads in flight.
-template <int kRows>
-__device__ void own_partial(const CombineParams& p, int t, const int (&col)[2], uint4 (&own)[2]) {
-  MessageRecord mine = load_record(p, p.v.team.rank, t);  // its weights are here (load_record)
+// Local order, own_rows_direct: this lane's vectors of receive item `item` (token t, item g of its row) of
+// my message to myself, reduced (zeros where dispatch brought me nothing from myself: slots 0), kRowsInFlight
+// rows' loads in flight. Worked out before receive_item, which reads it from shared memory only where it adds
+// it. Inside receive_item it had 2 rows in flight (a warp's later items took 4 round trips for a token's 8
+// own rows at EP = 1); with 4 there, or held in registers across it, the kernel spilled (2026-11-29).
+__device__ void own_partial(const CombineParams& p, int item, uint4 (&own)[2]) {
+  const auto [t, g] = p.by_row_items.split(uint32_t(item));
+  int col[2];
+  item_cols(p, int(g), col);
+  MessageRecord mine = load_record(p, p.v.team.rank, int(t));  // its weights are here (load_record)
   own[0] = own[1] = make_uint4(0u, 0u, 0u, 0u);
-  if (mine.slots != 0u) reduce_slots<kRows>(p, mine, col, own, [](MessageRecord&) { return true; });
+  if (mine.slots != 0u) reduce_slots(p, mine, col, own, [](MessageRecord&) { return true; });
 }
 
-// One warp: item g of out[t]. `masked`: the CTA's view of the mask when the step started; `own_ready`:
-// this lane's own_partial of the item when the kernel made it already, else null. Returns false when
+// One warp: item g of out[t]. `masked`: the CTA's view of the mask when the step started; `own_row`:
+// this lane's own_partial of the item (local order with own_rows_direct), else null. Returns false when
 // the team failed.
 template <bool kNaive>
 __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_t stamp, int t, int g,
-                             const uint4* own_ready) {
+                             const uint4* own_row) {
   const LlView& v = p.v;
   const int me = v.team.rank;
   const int lines = row_lines(p);
-  const LlHomeToken home = *v.home_of(p.dispatch_set, t);
+  const LlHomeToken* home = v.home_of(p.dispatch_set, t);
+  // Local order: t's destination ranks; naive: each slot's rank. 16 bytes, as two 8-byte loads (areas and
+  // records are 8-byte aligned) and kept as words (byte_at).
+  static_assert(sizeof(home->ranks) == 16 && sizeof(home->slot_ranks) == 16 && sizeof(LlHomeToken) % 8 == 0);
+  const uint2* rank_bytes = reinterpret_cast<const uint2*>(kNaive ? home->slot_ranks : home->ranks);
+  const uint2 low = rank_bytes[0], high = rank_bytes[1];
+  const uint32_t ranks[4] = {low.x, low.y, high.x, high.y};
+  const uint32_t slots = home->slots;
   // The rows t adds: local order, one per destination rank (row r); naive, one per valid slot (row k).
-  const int rows = kNaive ? __popc(home.slots) : home.num_ranks;
-  uint32_t naive_rest = home.slots;
+  const int rows = kNaive ? __popc(slots) : home->num_ranks;
+  uint32_t naive_rest = slots;
   // My own rows (own_rows_direct): naive, the record of my message to myself; local order, its partial
-  // row (own_partial) now.
+  // row (own_row).
   const bool direct = own_rows_direct(p);
   int col[2];
   item_cols(p, g, col);
   MessageRecord mine{0u, 0, 0.0f};
-  uint4 own[2] = {};
   if (direct && kNaive) mine = load_record(p, me, t);
-  if (direct && !kNaive) {
-    if (own_ready != nullptr) {
-      own[0] = own_ready[0];
-      own[1] = own_ready[1];
-    } else {
-      own_partial<kReceiveRowsInFlight>(p, t, col, own);
-    }
-  }
   float acc[2][kColsPerVector] = {};
   for (int i0 = 0; i0 < rows; i0 += kReceiveRowsInFlight) {
     uint4 in[kReceiveRowsInFlight][2] = {};
@@ -386,9 +399,9 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         if (kNaive) {
           slot[b] = __ffs(naive_rest) - 1;
           naive_rest &= naive_rest - 1u;
-          rank[b] = home.slot_ranks[slot[b]];
+          rank[b] = byte_at(ranks, slot[b]);
         } else {
-          rank[b] = home.ranks[i0 + b];
+          rank[b] = byte_at(ranks, i0 + b);
           slot[b] = rank[b];
         }
         if (masked[rank[b]]) rank[b] = -1;
@@ -397,8 +410,8 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         if (kNaive) {
           load_y(p, __shfl_sync(~0u, mine.row_of_slot, slot[b]), col, in[b]);
         } else {
-          in[b][0] = own[0];
-          in[b][1] = own[1];
+          in[b][0] = own_row[0];
+          in[b][1] = own_row[1];
         }
         from_y[b] = true;
         continue;
@@ -450,9 +463,11 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
   return true;
 }
 
-// `own_first`: the warp's first item's own_partial (every lane's two vectors), or null.
+// `own`: where the lanes keep each item's own_partial (local order with own_rows_direct: kOwnPartialBytes
+// of dynamic shared memory, every lane its own two vectors, so no barrier), holding the warp's first
+// item's already (early_own_rows); else null.
 template <bool kNaive>
-__device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own_first)[2]) {
+__device__ void receive(const CombineParams& p, uint64_t cseq, uint4 (*own)[2]) {
   const LlView& v = p.v;
   const int R = v.team.nranks;
   const uint32_t stamp = core::ll_stamp(cseq);
@@ -465,9 +480,9 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, const uint4 (*own
   const int items = receive_items(p), first = first_receive_item(p);
   bool ok = true;
   for (int item = first; ok && item < items; item += gridDim.x * kWarps) {
-    const uint4* own_ready = item == first && own_first != nullptr ? own_first[threadIdx.x] : nullptr;
+    if (own != nullptr && item != first) own_partial(p, item, own[threadIdx.x]);
     const auto [t, g] = p.by_row_items.split(uint32_t(item));
-    ok = receive_item<kNaive>(p, masked, stamp, int(t), int(g), own_ready);
+    ok = receive_item<kNaive>(p, masked, stamp, int(t), int(g), own != nullptr ? own[threadIdx.x] : nullptr);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
   record.record_if_last(v, p.set, cseq);
@@ -480,18 +495,15 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineParams p) {
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_start>(p.v.team);
   const uint64_t cseq = begin_call(p.v, core::kLlCombine, p.set);
   if (!kNaive && (p.phases & kSend) && weights_given_here(p)) send_weights(p, cseq);
-  extern __shared__ uint4 early_own_shared[];  // kEarlyOwnBytes where early_own_rows(p)
-  uint4(*own_first)[2] = reinterpret_cast<uint4(*)[2]>(early_own_shared);
+  extern __shared__ uint4 own_shared[];  // kOwnPartialBytes where early_own_rows(p)
+  uint4(*own)[2] = reinterpret_cast<uint4(*)[2]>(own_shared);
   const bool early_own = !kNaive && own_rows_direct(p) && first_receive_item(p) < receive_items(p);  // early_own_rows
   if (early_own) {
-    const auto [t, g] = p.by_row_items.split(uint32_t(first_receive_item(p)));
-    int col[2];
-    item_cols(p, int(g), col);
-    own_partial<kRowsInFlight>(p, int(t), col, own_first[threadIdx.x]);
+    own_partial(p, first_receive_item(p), own[threadIdx.x]);
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_own>(p.v.team);
   }
   if (p.phases & kSend) send<kNaive>(p, cseq);
-  if (p.phases & kReceive) receive<kNaive>(p, cseq, early_own ? own_first : nullptr);
+  if (p.phases & kReceive) receive<kNaive>(p, cseq, early_own ? own : nullptr);
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_combine_end>(p.v.team);
 }
 
@@ -513,7 +525,7 @@ void launch_combine(const CombineParams& params, int num_blocks, cudaStream_t st
       core::Divisor::of(uint32_t(std::max(1, std::min(num_blocks * kWarps / std::max(messages, 1), items))));
   // A programmatic dependent of the kernel before it on the stream, as launch_dispatch's.
   launch(p.naive ? combine_kernel<true> : combine_kernel<false>, dim3(num_blocks), dim3(kThreads),
-         early_own_rows(p) ? kEarlyOwnBytes : 0, stream, true, "launching LL combine kernel", p);
+         early_own_rows(p) ? kOwnPartialBytes : 0, stream, true, "launching LL combine kernel", p);
 }
 
 }  // namespace epx::kernels::ll
