@@ -52,7 +52,7 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kColsPerVector = 8;        // 16 bytes of BF16
-constexpr int kRowsInFlight = 4;         // rows whose vectors a lane loads before it adds (send, early own)
+constexpr int kRowsInFlight = 4;         // rows whose vectors a lane loads before it adds (send, own_partial)
 constexpr int kReceiveRowsInFlight = 2;  // the same in the receive (4 would spill: 128 registers)
 
 using core::LlHomeToken;
