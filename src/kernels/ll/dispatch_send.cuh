@@ -430,7 +430,22 @@ __device__ uint64_t send(const DispatchParams& p, bool* masked) {
     const int i = threadIdx.x + j * blockDim.x;
     if (i < entries) stage(i, early[j]);
   }
-  for (int i = threadIdx.x + kEarlyEntries * blockDim.x; i < entries; i += blockDim.x) stage(i, entry(i));
+  // The rest (T > 128 at K = 8) in batches of loads issued together: one at a time, each load waited for
+  // the stage before it (whose error path stores to global memory), 14 round trips a thread at T = 1024.
+  for (int first_i = threadIdx.x + kEarlyEntries * blockDim.x; first_i < entries;
+       first_i += kStagedBatch * blockDim.x) {
+    int64_t batch[kStagedBatch];
+#pragma unroll
+    for (int j = 0; j < kStagedBatch; ++j) {
+      const int i = first_i + j * blockDim.x;
+      batch[j] = i < entries ? entry(i) : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kStagedBatch; ++j) {
+      const int i = first_i + j * blockDim.x;
+      if (i < entries) stage(i, batch[j]);
+    }
+  }
   if (int(threadIdx.x) < v.team.nranks) masked[threadIdx.x] = rank_masked;
   // Its barrier also publishes the table and the mask (which the receive step of a launch with both
   // steps reads with no barrier of its own: every thread of every CTA passes this one).

@@ -22,6 +22,7 @@ constexpr int kItemGroups = kLinesPerItem * core::kLlLineDataBytes / kGroup;
 static_assert(kItemGroups * kGroup == kLinesPerItem * core::kLlLineDataBytes, "an item holds whole FP8 groups");
 constexpr int kLineBatch = 4;     // line instructions (16 lines) each receiving warp loads before it stores
 constexpr int kEarlyEntries = 2;  // top-k entries each thread loads before its warp's first work (send)
+constexpr int kStagedBatch = 8;   // top-k entries each thread loads together after those (send)
 constexpr float kAmaxFloor = 1e-4f;
 constexpr float kE4m3Max = 448.0f;
 
