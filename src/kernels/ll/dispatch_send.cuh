@@ -409,12 +409,17 @@ __device__ uint64_t send(const DispatchParams& p, bool* masked) {
     const auto [t, k] = p.by_topk.split(uint32_t(i));
     return topk_at(p.topk_idx, p.topk_int64, p.topk_row_stride, int(t), int(k));
   };
-  int64_t early[kEarlyEntries];
+  // This thread's entries from `from` on, every blockDim.x-th, as many as `batch` holds: loaded together,
+  // then staged (stage_batch).
+  const auto load_batch = [&](int from, auto& batch) {
 #pragma unroll
-  for (int j = 0; j < kEarlyEntries; ++j) {
-    const int i = threadIdx.x + j * blockDim.x;
-    early[j] = i < entries ? entry(i) : -1;
-  }
+    for (int j = 0; j < int(sizeof(batch) / sizeof(batch[0])); ++j) {
+      const int i = from + j * blockDim.x;
+      batch[j] = i < entries ? entry(i) : -1;
+    }
+  };
+  int64_t early[kEarlyEntries];
+  load_batch(int(threadIdx.x), early);
   const bool rank_masked = int(threadIdx.x) < v.team.nranks && is_masked(v, threadIdx.x);
   uint32_t weight = first < routing ? load_weight(p, first) : 0u;
   uint4 vectors[2] = {};
@@ -424,27 +429,20 @@ __device__ uint64_t send(const DispatchParams& p, bool* masked) {
   }
   // Every CTA stages my top-k table once; CTA 0 records the first invalid id. Experts of masked ranks
   // become -1 in a second pass (only when a rank is masked).
-  const auto stage = [&](int i, int64_t e) { experts[i] = checked_expert(p, e, i, blockIdx.x == 0); };
+  const auto stage_batch = [&](int from, const auto& batch) {
 #pragma unroll
-  for (int j = 0; j < kEarlyEntries; ++j) {
-    const int i = threadIdx.x + j * blockDim.x;
-    if (i < entries) stage(i, early[j]);
-  }
-  // The rest (T > 128 at K = 8) in batches of loads issued together: one at a time, each load waited for
-  // the stage before it (whose error path stores to global memory), 14 round trips a thread at T = 1024.
-  for (int first_i = threadIdx.x + kEarlyEntries * blockDim.x; first_i < entries;
-       first_i += kStagedBatch * blockDim.x) {
+    for (int j = 0; j < int(sizeof(batch) / sizeof(batch[0])); ++j) {
+      const int i = from + j * blockDim.x;
+      if (i < entries) experts[i] = checked_expert(p, batch[j], i, blockIdx.x == 0);
+    }
+  };
+  stage_batch(int(threadIdx.x), early);
+  // The rest (T > 128 at K = 8) in batches too: one at a time, each load waited for the stage before it
+  // (whose error path stores to global memory), 14 round trips a thread at T = 1024.
+  for (int from = threadIdx.x + kEarlyEntries * blockDim.x; from < entries; from += kStagedBatch * blockDim.x) {
     int64_t batch[kStagedBatch];
-#pragma unroll
-    for (int j = 0; j < kStagedBatch; ++j) {
-      const int i = first_i + j * blockDim.x;
-      batch[j] = i < entries ? entry(i) : -1;
-    }
-#pragma unroll
-    for (int j = 0; j < kStagedBatch; ++j) {
-      const int i = first_i + j * blockDim.x;
-      if (i < entries) stage(i, batch[j]);
-    }
+    load_batch(from, batch);
+    stage_batch(from, batch);
   }
   if (int(threadIdx.x) < v.team.nranks) masked[threadIdx.x] = rank_masked;
   // Its barrier also publishes the table and the mask (which the receive step of a launch with both
