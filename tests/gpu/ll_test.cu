@@ -106,6 +106,9 @@ std::vector<LlCase> cases() {
        "SingleGpu2_Hidden16384_Fp8_ColumnMajorScales"},
       {2, 16, 16, 16384, 8, 64, Rt::zipf, 0.1, P::bf16, false, true, false, false, false,
        "SingleGpu2_Hidden16384_Zipf_Bf16"},
+      // More than 1024 top-k entries (T = 256, K = 8): the send step stages the table's entries past each
+      // thread's first two in batches (kStagedBatch), here one partial batch; warps take several combine items.
+      {2, 256, 256, 2048, 8, 64, Rt::zipf, 0.1, P::fp8, false, true, false, false, false, "SingleGpu2_T256_Zipf_Fp8"},
       // One GPU, 4 ranks (smaller T_max).
       {4, 77, 80, 2048, 8, 64, Rt::uniform, 0.1, P::bf16, false, true, false, false, false, "SingleGpu4_Uniform_Bf16"},
       {4, 32, 32, 2048, 8, 256, Rt::one_hot, 0.1, P::fp8_round_scale, true, false, false, false, false,
