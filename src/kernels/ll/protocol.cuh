@@ -164,6 +164,12 @@ __device__ __forceinline__ uint32_t line_stamp(const uint4& x) {
   return __shfl_sync(~0u, x.x, int(threadIdx.x % kWarp) | (core::kLlLineVectors - 1));
 }
 
+// Whether line instruction k, of a run that ends at instruction `end` of a row of `lines` lines, holds a
+// line for this lane (one of the row's, not past it).
+__device__ __forceinline__ bool instruction_has_line(int k, int end, int lines) {
+  return k < end && instruction_line(k) < lines;
+}
+
 // Stores this lane's vectors x[b] of instructions first + b (those whose line is below `lines`) into
 // `row`; the caller has put each line's stamp vector in x on lanes 8 m + 7.
 template <int N>
@@ -184,8 +190,8 @@ __device__ void issue_lines(const uint4* row, int first, int end, int lines, uin
   __syncwarp();  // a line's 8 vectors in one load instruction, so the stamp vouches for the data
 #pragma unroll
   for (int b = 0; b < N; ++b) {
-    const int line = instruction_line(first + b);
-    if (first + b < end && line < lines) x[b] = load_vector(row + line * core::kLlLineVectors + line_vector());
+    if (instruction_has_line(first + b, end, lines))
+      x[b] = load_vector(row + instruction_line(first + b) * core::kLlLineVectors + line_vector());
   }
 }
 
@@ -196,7 +202,7 @@ __device__ bool lines_carry(const uint4 (&x)[N], int first, int end, int lines, 
 #pragma unroll
   for (int b = 0; b < N; ++b) {
     const uint32_t seen = line_stamp(x[b]);  // on every lane: a shuffle
-    here = here && (first + b >= end || instruction_line(first + b) >= lines || seen == stamp);
+    here = here && (!instruction_has_line(first + b, end, lines) || seen == stamp);
   }
   return __all_sync(~0u, here);
 }
@@ -215,9 +221,8 @@ __device__ uint32_t first_missing_stamp(const uint4 (&x)[N], int first, int end,
   uint32_t seen = stamp;
 #pragma unroll
   for (int b = 0; b < N; ++b) {
-    const int line = instruction_line(first + b);
     const uint32_t line_seen = line_stamp(x[b]);
-    const uint32_t missing = __ballot_sync(~0u, first + b < end && line < lines && line_seen != stamp);
+    const uint32_t missing = __ballot_sync(~0u, instruction_has_line(first + b, end, lines) && line_seen != stamp);
     if (missing != 0u && seen == stamp) seen = __shfl_sync(~0u, line_seen, __ffs(missing) - 1);
   }
   return seen;
