@@ -333,13 +333,11 @@ __device__ void send(const CombineParams& p, uint64_t cseq) {
 
 // ---- Receive ----
 
-// Byte i of a 16-byte array of int8 held as 4 words: a dynamic index into an array in registers would put
-// the array in local memory (a copy of the whole home record did: a 40-byte stack frame).
-__device__ int byte_at(const uint32_t (&words)[4], int i) {
-  uint32_t word = words[0];
-#pragma unroll
-  for (int j = 1; j < 4; ++j) word = i / 4 == j ? words[j] : word;
-  return int(int8_t(word >> (8 * (i % 4))));
+// Byte i of a 16-byte array of int8 held as two 8-byte words: one select and a shift. A dynamic index into
+// an array in registers puts the array in local memory: a copy of the whole home record did (a 40-byte stack
+// frame), and so did a select per 4-byte word where the compiler made it an index again (naive order).
+__device__ int byte_at(uint64_t low, uint64_t high, int i) {
+  return int(int8_t((i < 8 ? low : high) >> (8 * (i % 8))));
 }
 
 __device__ int receive_items(const CombineParams& p) { return p.num_tokens * row_items(p); }
@@ -372,9 +370,8 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
   // Local order: t's destination ranks; naive: each slot's rank. 16 bytes, as two 8-byte loads (areas and
   // records are 8-byte aligned) and kept as words (byte_at).
   static_assert(sizeof(home->ranks) == 16 && sizeof(home->slot_ranks) == 16 && sizeof(LlHomeToken) % 8 == 0);
-  const uint2* rank_bytes = reinterpret_cast<const uint2*>(kNaive ? home->slot_ranks : home->ranks);
-  const uint2 low = rank_bytes[0], high = rank_bytes[1];
-  const uint32_t ranks[4] = {low.x, low.y, high.x, high.y};
+  const uint64_t* rank_bytes = reinterpret_cast<const uint64_t*>(kNaive ? home->slot_ranks : home->ranks);
+  const uint64_t ranks_low = rank_bytes[0], ranks_high = rank_bytes[1];
   const uint32_t slots = home->slots;
   // The rows t adds: local order, one per destination rank (row r); naive, one per valid slot (row k).
   const int rows = kNaive ? __popc(slots) : home->num_ranks;
@@ -399,9 +396,9 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         if (kNaive) {
           slot[b] = __ffs(naive_rest) - 1;
           naive_rest &= naive_rest - 1u;
-          rank[b] = byte_at(ranks, slot[b]);
+          rank[b] = byte_at(ranks_low, ranks_high, slot[b]);
         } else {
-          rank[b] = byte_at(ranks, i0 + b);
+          rank[b] = byte_at(ranks_low, ranks_high, i0 + b);
           slot[b] = rank[b];
         }
         if (masked[rank[b]]) rank[b] = -1;
