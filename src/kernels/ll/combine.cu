@@ -340,6 +340,23 @@ __device__ int byte_at(uint64_t low, uint64_t high, int i) {
   return int(int8_t((i < 8 ? low : high) >> (8 * (i % 8))));
 }
 
+// What a receive item of token t needs of t's home record (dispatch's, v.home_of): the ranks of the rows it
+// adds, 16 bytes as two 8-byte words (byte_at; local order t's destination ranks, naive each slot's rank), t's
+// slots and its number of ranks. receive() loads it before own_partial, so that the two round trips overlap.
+struct HomeRows {
+  uint64_t ranks_low, ranks_high;
+  uint32_t slots;
+  int num_ranks;
+};
+template <bool kNaive>
+__device__ HomeRows load_home(const CombineParams& p, int t) {
+  const LlHomeToken* home = p.v.home_of(p.dispatch_set, t);
+  // Areas and records are 8-byte aligned.
+  static_assert(sizeof(home->ranks) == 16 && sizeof(home->slot_ranks) == 16 && sizeof(LlHomeToken) % 8 == 0);
+  const uint64_t* rank_bytes = reinterpret_cast<const uint64_t*>(kNaive ? home->slot_ranks : home->ranks);
+  return HomeRows{rank_bytes[0], rank_bytes[1], home->slots, home->num_ranks};
+}
+
 __device__ int receive_items(const CombineParams& p) { return p.num_tokens * row_items(p); }
 __device__ int first_receive_item(const CombineParams& p) { return first_item(receive_items(p), true); }
 
@@ -357,25 +374,18 @@ __device__ void own_partial(const CombineParams& p, int item, uint4 (&own)[2]) {
   if (mine.slots != 0u) reduce_slots(p, mine, col, own, [](MessageRecord&) { return true; });
 }
 
-// One warp: item g of out[t]. `masked`: the CTA's view of the mask when the step started; `own_row`:
-// this lane's own_partial of the item (local order with own_rows_direct), else null. Returns false when
-// the team failed.
+// One warp: item g of out[t] (`home`: load_home's). `masked`: the CTA's view of the mask when the step
+// started; `own_row`: this lane's own_partial of the item (local order with own_rows_direct), else null.
+// Returns false when the team failed.
 template <bool kNaive>
 __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_t stamp, int t, int g,
-                             const uint4* own_row) {
+                             const HomeRows& home, const uint4* own_row) {
   const LlView& v = p.v;
   const int me = v.team.rank;
   const int lines = row_lines(p);
-  const LlHomeToken* home = v.home_of(p.dispatch_set, t);
-  // Local order: t's destination ranks; naive: each slot's rank. 16 bytes, as two 8-byte loads (areas and
-  // records are 8-byte aligned) and kept as words (byte_at).
-  static_assert(sizeof(home->ranks) == 16 && sizeof(home->slot_ranks) == 16 && sizeof(LlHomeToken) % 8 == 0);
-  const uint64_t* rank_bytes = reinterpret_cast<const uint64_t*>(kNaive ? home->slot_ranks : home->ranks);
-  const uint64_t ranks_low = rank_bytes[0], ranks_high = rank_bytes[1];
-  const uint32_t slots = home->slots;
   // The rows t adds: local order, one per destination rank (row r); naive, one per valid slot (row k).
-  const int rows = kNaive ? __popc(slots) : home->num_ranks;
-  uint32_t naive_rest = slots;
+  const int rows = kNaive ? __popc(home.slots) : home.num_ranks;
+  uint32_t naive_rest = home.slots;
   // My own rows (own_rows_direct): naive, the record of my message to myself; local order, its partial
   // row (own_row).
   const bool direct = own_rows_direct(p);
@@ -396,9 +406,9 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         if (kNaive) {
           slot[b] = __ffs(naive_rest) - 1;
           naive_rest &= naive_rest - 1u;
-          rank[b] = byte_at(ranks_low, ranks_high, slot[b]);
+          rank[b] = byte_at(home.ranks_low, home.ranks_high, slot[b]);
         } else {
-          rank[b] = byte_at(ranks_low, ranks_high, i0 + b);
+          rank[b] = byte_at(home.ranks_low, home.ranks_high, i0 + b);
           slot[b] = rank[b];
         }
         if (masked[rank[b]]) rank[b] = -1;
@@ -477,9 +487,10 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, uint4 (*own)[2]) 
   const int items = receive_items(p), first = first_receive_item(p);
   bool ok = true;
   for (int item = first; ok && item < items; item += gridDim.x * kWarps) {
-    if (own != nullptr && item != first) own_partial(p, item, own[threadIdx.x]);
     const auto [t, g] = p.by_row_items.split(uint32_t(item));
-    ok = receive_item<kNaive>(p, masked, stamp, int(t), int(g), own != nullptr ? own[threadIdx.x] : nullptr);
+    const HomeRows home = load_home<kNaive>(p, int(t));  // its round trip beside own_partial's
+    if (own != nullptr && item != first) own_partial(p, item, own[threadIdx.x]);
+    ok = receive_item<kNaive>(p, masked, stamp, int(t), int(g), home, own != nullptr ? own[threadIdx.x] : nullptr);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
   record.record_if_last(v, p.set, cseq);
