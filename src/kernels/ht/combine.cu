@@ -114,15 +114,28 @@ __device__ int gather_rows(const PerRank& pos, const PerRank& begin, TokenRows& 
   return n;
 }
 
+// acc[k] += float(BF16 k of v). A BF16 is the upper half of its float, so each takes one shift or one mask
+// (the library conversion took a byte permute and a shift for the upper one of a pair).
 __device__ void accumulate(float (&acc)[8], const int4& v) {
-  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+  const uint32_t* pair = reinterpret_cast<const uint32_t*>(&v);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const float2 f = __bfloat1622float2(p[j]);
-    acc[2 * j] = acc[2 * j] + f.x;
-    acc[2 * j + 1] = acc[2 * j + 1] + f.y;
+    acc[2 * j] = acc[2 * j] + __uint_as_float(pair[j] << 16);
+    acc[2 * j + 1] = acc[2 * j + 1] + __uint_as_float(pair[j] & 0xFFFF0000u);
   }
 }
+
+// Which slot a warp's next piece goes to, and the phase of that slot's mbarrier it completes: piece k
+// goes to slot k % kSlots, phase (k / kSlots) & 1, counted as it goes instead of divided out per piece.
+struct SlotCursor {
+  int slot = 0;
+  uint32_t phase = 0;
+  __device__ void advance() {
+    if (++slot < kSlots) return;
+    slot = 0;
+    phase ^= 1u;
+  }
+};
 
 // A warp's tokens are first, first + stride, ... (count of them). Consecutive tokens go to consecutive
 // CTAs, so a last round of fewer tokens than warps is spread over every SM.
@@ -162,7 +175,7 @@ struct PieceLoader {
   PerRank begin;          // send_begin
   PerRank next_pos = {};  // the positions of token i, loaded while the token before it loads
   int i = 0, n = 0, chunk = 0, index = 0;
-  uint32_t started = 0;  // pieces started so far (piece k goes to slot k % kSlots)
+  SlotCursor next;  // where the next piece started goes
 
   // Loads the first token's positions and moves to the first token some rank holds a row of.
   __device__ void start() {
@@ -213,7 +226,7 @@ struct PieceLoader {
     return true;
   }
 
-  // Lane 0 starts loading the next piece into slot started % kSlots (whose previous piece every lane
+  // Lane 0 starts loading the next piece into slot next.slot (whose previous piece every lane
   // has added: see the protocol), the first piece of another rank's row once that rank's copy holds
   // it; then every lane moves on to the piece after it. Returns false on every lane when a wait failed.
   __device__ bool start_next() {
@@ -223,7 +236,7 @@ struct PieceLoader {
     const bool own = r == a.buffer.team.rank;
     if (!own && chunk == 0 && row >= ready_until[r] && !await_row(r, row)) return false;
     if (threadIdx.x % kWarp == 0) {
-      const int slot = int(started % kSlots);
+      const int slot = next.slot;
       const int offset = chunk * kPieceBytes;
       const int bytes = min(kPieceBytes, row_bytes - offset);
       const uint8_t* src = own ? reinterpret_cast<const uint8_t*>(a.y + row * a.y_row_stride) + offset
@@ -232,7 +245,7 @@ struct PieceLoader {
       mbarrier_expect_bytes(&landed[slot], uint32_t(bytes));
       bulk_load(slots + slot * kPieceBytes, src, uint32_t(bytes), &landed[slot]);
     }
-    ++started;
+    next.advance();
     if (++index < n) return true;
     index = 0;
     if (++chunk < chunks) return true;
@@ -281,28 +294,29 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   bool ok = true;
   loader.start();
   for (int k = 0; ok && k < kSlots - 1; ++k) ok = loader.start_next();
-  uint32_t added = 0;  // pieces added so far
+  SlotCursor adding;  // where the next piece added lies
   for (int i = 0; ok && i < tokens.count; ++i) {
     const int64_t t = tokens.token(i);
     const int n = gather_rows(load_positions(a, R, t), begin, rows);  // the loader read them: in L1
+    int4* out_row = reinterpret_cast<int4*>(a.out + t * a.hidden);
+    const int4* bias_row = a.bias != nullptr ? reinterpret_cast<const int4*>(a.bias + t * a.bias_row_stride) : nullptr;
     for (int chunk = 0; ok && chunk < chunks; ++chunk) {
       const int vectors = min(kPieceBytes, row_bytes - chunk * kPieceBytes) / 16;
       float acc[kVectorsPerLane][8] = {};
-      for (int j = 0; j < n; ++j, ++added) {
+      for (int j = 0; j < n; ++j, adding.advance()) {
         __syncwarp();              // every lane has read the previous piece: its slot may be reloaded
-        ok = loader.start_next();  // piece added + kSlots - 1, into that slot
+        ok = loader.start_next();  // the piece kSlots - 1 after this one, into the slot of the one before
         if (!ok) break;
-        const int slot = int(added % kSlots);
+        const int slot = adding.slot;
         ok = __all_sync(0xffffffffu,
-                        mbarrier_wait(b.team, &landed[slot], (added / kSlots) & 1u,
+                        mbarrier_wait(b.team, &landed[slot], adding.phase,
                                       transport::WaitSite{transport::WaitPhase::ht_bulk_load, me, uint32_t(t)}));
         if (!ok) break;
+        // Every lane adds all its vectors of the slot, with no test: past a partial piece's end (a row's
+        // last chunk) they are stale bytes, and go into sums that are never stored.
         const int4* piece = reinterpret_cast<const int4*>(loader.slots + slot * kPieceBytes);
 #pragma unroll
-        for (int u = 0; u < kVectorsPerLane; ++u) {
-          const int v = u * kWarp + lane;
-          if (v < vectors) accumulate(acc[u], piece[v]);
-        }
+        for (int u = 0; u < kVectorsPerLane; ++u) accumulate(acc[u], piece[u * kWarp + lane]);
       }
       if (!ok) break;
       const int64_t first_vector = int64_t(chunk) * (kPieceBytes / 16);
@@ -310,15 +324,12 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
       for (int u = 0; u < kVectorsPerLane; ++u) {
         const int v = u * kWarp + lane;
         if (v >= vectors) continue;
-        if (a.bias != nullptr) {
-          accumulate(acc[u],
-                     load_stream(reinterpret_cast<const int4*>(a.bias + t * a.bias_row_stride) + first_vector + v));
-        }
+        if (bias_row != nullptr) accumulate(acc[u], load_stream(bias_row + first_vector + v));
         int4 packed;
         __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&packed);
 #pragma unroll
         for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(acc[u][2 * q], acc[u][2 * q + 1]);
-        reinterpret_cast<int4*>(a.out + t * a.hidden)[first_vector + v] = packed;
+        out_row[first_vector + v] = packed;
       }
     }
     if (ok && a.out_weights != nullptr && lane < a.topk) {
