@@ -50,6 +50,7 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda_check.hpp"
+#include "kernels/common/bf16.cuh"
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/launch.hpp"
 #include "kernels/ht/copy.cuh"
@@ -114,15 +115,10 @@ __device__ int gather_rows(const PerRank& pos, const PerRank& begin, TokenRows& 
   return n;
 }
 
-// acc[k] += float(BF16 k of v). A BF16 is the upper half of its float, so each takes one shift or one mask
-// (the library conversion took a byte permute and a shift for the upper one of a pair).
+// acc[k] += float(BF16 k of v).
 __device__ void accumulate(float (&acc)[8], const int4& v) {
-  const uint32_t* pair = reinterpret_cast<const uint32_t*>(&v);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    acc[2 * j] = acc[2 * j] + __uint_as_float(pair[j] << 16);
-    acc[2 * j + 1] = acc[2 * j + 1] + __uint_as_float(pair[j] & 0xFFFF0000u);
-  }
+  for (int k = 0; k < 8; ++k) acc[k] = acc[k] + bf16_at(reinterpret_cast<const uint4&>(v), k);
 }
 
 // Which slot a warp's next piece goes to, and the phase of that slot's mbarrier it completes: piece k

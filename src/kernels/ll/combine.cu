@@ -39,6 +39,7 @@
 #include <algorithm>
 
 #include "core/cuda_check.hpp"
+#include "kernels/common/bf16.cuh"
 #include "kernels/common/grid.cuh"
 #include "kernels/common/launch.hpp"
 #include "kernels/ll/ll_view.hpp"
@@ -56,11 +57,6 @@ constexpr int kRowsInFlight = 4;         // rows whose vectors a lane loads befo
 constexpr int kReceiveRowsInFlight = 2;  // the same in the receive (4 would spill: 128 registers)
 
 using core::LlHomeToken;
-
-__device__ float bf16_at(const uint4& x, int i) {
-  const uint32_t w = (&x.x)[i / 2];
-  return __uint_as_float(i % 2 == 0 ? w << 16 : w & 0xFFFF0000u);
-}
 
 __device__ uint4 to_bf16(const float (&acc)[kColsPerVector]) {
   uint4 out;

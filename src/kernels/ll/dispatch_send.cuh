@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/bf16.cuh"
 #include "kernels/common/topk.cuh"
 #include "kernels/ll/dispatch_shared.cuh"
 #include "transport/device/phase_trace.hpp"
@@ -39,12 +40,8 @@ __device__ float fp8_scale(float amax, bool round_scale) {
 }
 
 __device__ void unpack_bf16(const uint4& v, float* out) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(w[i] << 16);
-    out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-  }
+  for (int i = 0; i < 8; ++i) out[i] = bf16_at(v, i);
 }
 
 // The largest magnitude of 16 BF16 columns (a NaN counts as 0, as fmaxf has it). Pairs of columns at
