@@ -64,13 +64,16 @@ namespace {
 constexpr int kWarpsPerCta = 20;
 constexpr int kThreads = kWarpsPerCta * kWarp;
 constexpr int kPieceBytes = 2048;                                 // a piece: this much of one rank's row
-constexpr int kVectorsPerLane = kPieceBytes / 16 / kWarp;         // 16-byte vectors a lane adds per piece
+constexpr int kVectorsPerPiece = kPieceBytes / 16;                // 16-byte vectors of a piece
+constexpr int kVectorsPerLane = kVectorsPerPiece / kWarp;         // those a lane adds
 constexpr int kSlots = 5;                                         // piece buffers per warp
 constexpr int kStageBytes = kWarpsPerCta * kSlots * kPieceBytes;  // 200 KiB of dynamic shared memory
 constexpr int kMaxRanks = kMaxNvlinkRanks;
 
-// The ranks holding a row of one token, ascending, and those rows.
+// The ranks holding a row of one token, ascending: where each row starts (this rank's own row in the
+// caller's y, another rank's in its combine input), its index among that rank's rows, and the rank.
 struct TokenRows {
+  const uint8_t* src[kMaxRanks];
   int32_t row[kMaxRanks];
   uint8_t rank[kMaxRanks];
 };
@@ -95,19 +98,31 @@ __device__ PerRank load_positions(const CombineArgs& a, int R, int64_t t) {
   return load_per_rank(a.handle.send_pos + t * R, R);
 }
 
+// How many ranks hold a row of a token (the whole warp, from its positions).
+__device__ int count_rows(const PerRank& pos) {
+  int n = 0;
+#pragma unroll
+  for (int q = 0; q < kRanksPerLane; ++q) n += __popc(__ballot_sync(0xffffffffu, pos.v[q] >= 0));
+  return n;
+}
+
 // The whole warp fills `out` from a token's positions (`begin`: send_begin) and returns how many ranks
 // hold a row of it.
-__device__ int gather_rows(const PerRank& pos, const PerRank& begin, TokenRows& out) {
-  const int lane = threadIdx.x % kWarp;
+__device__ int gather_rows(const CombineArgs& a, const PerRank& pos, const PerRank& begin, TokenRows& out) {
+  const BufferView& b = a.buffer;
+  const int lane = threadIdx.x % kWarp, row_bytes = 2 * a.hidden;
   __syncwarp();  // every lane has finished with the previous contents
   int n = 0;
 #pragma unroll
   for (int q = 0; q < kRanksPerLane; ++q) {
     const uint32_t present = __ballot_sync(0xffffffffu, pos.v[q] >= 0);
     if (pos.v[q] >= 0) {
-      const int at = n + __popc(present & ((1u << lane) - 1u));
-      out.rank[at] = uint8_t(q * kWarp + lane);
-      out.row[at] = begin.v[q] + pos.v[q];
+      const int at = n + __popc(present & ((1u << lane) - 1u)), r = q * kWarp + lane;
+      const int64_t row = begin.v[q] + pos.v[q];
+      out.src[at] = r == b.team.rank ? reinterpret_cast<const uint8_t*>(a.y + row * a.y_row_stride)
+                                     : b.at<uint8_t>(r, b.combine_input) + row * row_bytes;
+      out.rank[at] = uint8_t(r);
+      out.row[at] = int32_t(row);
     }
     n += __popc(present);
   }
@@ -119,6 +134,44 @@ __device__ int gather_rows(const PerRank& pos, const PerRank& begin, TokenRows& 
 __device__ void accumulate(float (&acc)[8], const int4& v) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) acc[k] = acc[k] + bf16_at(reinterpret_cast<const uint4&>(v), k);
+}
+
+// Writes a lane's share of one chunk of a token's output row (the chunk: `vectors` vectors from vector
+// `first`; fewer than a piece's only in a row's partial last chunk): its sums, plus the bias row's (if
+// any) same vectors, rounded to BF16.
+__device__ void write_chunk(float (&acc)[kVectorsPerLane][8], int4* out_row, const int4* bias_row, int first,
+                            int vectors) {
+  const int lane = threadIdx.x % kWarp;
+  if (bias_row != nullptr) {
+#pragma unroll
+    for (int u = 0; u < kVectorsPerLane; ++u) {
+      if (u * kWarp + lane < vectors) accumulate(acc[u], load_stream(bias_row + first + u * kWarp + lane));
+    }
+  }
+  int4* out = out_row + first;
+#pragma unroll
+  for (int u = 0; u < kVectorsPerLane; ++u) {
+    int4 packed;
+    __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(acc[u][2 * q], acc[u][2 * q + 1]);
+    if (u * kWarp + lane < vectors) out[u * kWarp + lane] = packed;
+  }
+}
+
+// Token t's weight for top-k slot k: its rows' weights added in ascending rank order (the reference's).
+__device__ float sum_weights(const CombineArgs& a, int64_t t, int k) {
+  const BufferView& b = a.buffer;
+  const int R = b.team.nranks;
+  float w = 0.0f;
+  for (int r = 0; r < R; ++r) {
+    const int32_t pos = a.handle.send_pos[t * R + r];
+    if (pos < 0) continue;
+    const int64_t row = int64_t(a.handle.send_begin[r]) + pos;
+    w = w + (r == b.team.rank ? a.weights[row * a.weights_row_stride + k]
+                              : b.at<float>(r, b.combine_input_weights)[row * a.topk + k]);
+  }
+  return w;
 }
 
 // Which slot a warp's next piece goes to, and the phase of that slot's mbarrier it completes: piece k
@@ -166,12 +219,12 @@ struct PieceLoader {
   uint8_t* slots;
   uint64_t* landed;       // [kSlots] mbarriers
   uint32_t* ready_until;  // [R]: rank r's combine input holds my block's rows below ready_until[r]
-  int R, row_bytes, chunks;
+  int R, row_bytes;
   uint64_t seq;
-  PerRank begin;          // send_begin
-  PerRank next_pos = {};  // the positions of token i, loaded while the token before it loads
-  int i = 0, n = 0, chunk = 0, index = 0;
-  SlotCursor next;  // where the next piece started goes
+  PerRank begin;                            // send_begin
+  PerRank next_pos = {};                    // the positions of token i, loaded while the token before it loads
+  int i = 0, n = 0, offset = 0, index = 0;  // token i, its n rows; the next piece: from byte offset of row index
+  SlotCursor next;                          // where the next piece started goes
 
   // Loads the first token's positions and moves to the first token some rank holds a row of.
   __device__ void start() {
@@ -186,7 +239,7 @@ struct PieceLoader {
     for (; i < tokens.count; ++i) {
       const PerRank pos = next_pos;
       if (i + 1 < tokens.count) next_pos = load_positions(a, R, tokens.token(i + 1));
-      n = gather_rows(pos, begin, rows);
+      n = gather_rows(a, pos, begin, rows);
       if (n > 0) return;
     }
   }
@@ -227,25 +280,24 @@ struct PieceLoader {
   // it; then every lane moves on to the piece after it. Returns false on every lane when a wait failed.
   __device__ bool start_next() {
     if (i >= tokens.count) return true;
-    const int r = rows.rank[index];
-    const int64_t row = rows.row[index];
-    const bool own = r == a.buffer.team.rank;
-    if (!own && chunk == 0 && row >= ready_until[r] && !await_row(r, row)) return false;
+    if (offset == 0) {  // a row's first piece
+      const int r = rows.rank[index];
+      const int64_t row = rows.row[index];
+      if (r != a.buffer.team.rank && row >= ready_until[r] && !await_row(r, row)) return false;
+    }
     if (threadIdx.x % kWarp == 0) {
       const int slot = next.slot;
-      const int offset = chunk * kPieceBytes;
-      const int bytes = min(kPieceBytes, row_bytes - offset);
-      const uint8_t* src = own ? reinterpret_cast<const uint8_t*>(a.y + row * a.y_row_stride) + offset
-                               : a.buffer.at<uint8_t>(r, a.buffer.combine_input) + row * row_bytes + offset;
+      const uint32_t bytes = min(kPieceBytes, row_bytes - offset);
       fence_async_shared();  // the lanes' reads of the slot's previous piece come first
-      mbarrier_expect_bytes(&landed[slot], uint32_t(bytes));
-      bulk_load(slots + slot * kPieceBytes, src, uint32_t(bytes), &landed[slot]);
+      mbarrier_expect_bytes(&landed[slot], bytes);
+      bulk_load(slots + slot * kPieceBytes, rows.src[index] + offset, bytes, &landed[slot]);
     }
     next.advance();
     if (++index < n) return true;
     index = 0;
-    if (++chunk < chunks) return true;
-    chunk = 0;
+    offset += kPieceBytes;
+    if (offset < row_bytes) return true;
+    offset = 0;
     ++i;
     find_token();
     return true;
@@ -259,7 +311,6 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   extern __shared__ __align__(128) uint8_t stage_memory[];      // [warp][slot][kPieceBytes]
   __shared__ uint64_t landed_of[kWarpsPerCta][kSlots];          // mbarriers: a slot's piece has landed
   __shared__ TokenRows loading_of[kWarpsPerCta];                // the rows of the token being loaded
-  __shared__ TokenRows adding_of[kWarpsPerCta];                 // the rows of the token being added
   __shared__ uint32_t ready_until_of[kWarpsPerCta][kMaxRanks];  // see PieceLoader::ready_until
   uint64_t* landed = landed_of[warp];
   uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kCombineDone;
@@ -272,7 +323,6 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   __syncthreads();  // the barriers and ready_until are initialised
 
   const int row_bytes = 2 * a.hidden;
-  const int chunks = (row_bytes + kPieceBytes - 1) / kPieceBytes;
   const WarpTokens tokens(a.num_tokens, warp);
   const PerRank begin = load_per_rank(a.handle.send_begin, R);
   PieceLoader loader{a,
@@ -283,21 +333,18 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
                      ready_until_of[warp],
                      R,
                      row_bytes,
-                     chunks,
                      seq,
                      begin};
-  TokenRows& rows = adding_of[warp];
   bool ok = true;
   loader.start();
   for (int k = 0; ok && k < kSlots - 1; ++k) ok = loader.start_next();
   SlotCursor adding;  // where the next piece added lies
   for (int i = 0; ok && i < tokens.count; ++i) {
     const int64_t t = tokens.token(i);
-    const int n = gather_rows(load_positions(a, R, t), begin, rows);  // the loader read them: in L1
+    const int n = count_rows(load_positions(a, R, t));  // the loader read them: in L1
     int4* out_row = reinterpret_cast<int4*>(a.out + t * a.hidden);
     const int4* bias_row = a.bias != nullptr ? reinterpret_cast<const int4*>(a.bias + t * a.bias_row_stride) : nullptr;
-    for (int chunk = 0; ok && chunk < chunks; ++chunk) {
-      const int vectors = min(kPieceBytes, row_bytes - chunk * kPieceBytes) / 16;
+    for (int offset = 0; ok && offset < row_bytes; offset += kPieceBytes) {
       float acc[kVectorsPerLane][8] = {};
       for (int j = 0; j < n; ++j, adding.advance()) {
         __syncwarp();              // every lane has read the previous piece: its slot may be reloaded
@@ -315,28 +362,9 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
         for (int u = 0; u < kVectorsPerLane; ++u) accumulate(acc[u], piece[u * kWarp + lane]);
       }
       if (!ok) break;
-      const int64_t first_vector = int64_t(chunk) * (kPieceBytes / 16);
-#pragma unroll
-      for (int u = 0; u < kVectorsPerLane; ++u) {
-        const int v = u * kWarp + lane;
-        if (v >= vectors) continue;
-        if (bias_row != nullptr) accumulate(acc[u], load_stream(bias_row + first_vector + v));
-        int4 packed;
-        __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(acc[u][2 * q], acc[u][2 * q + 1]);
-        out_row[first_vector + v] = packed;
-      }
+      write_chunk(acc, out_row, bias_row, offset / 16, min(kPieceBytes, row_bytes - offset) / 16);
     }
-    if (ok && a.out_weights != nullptr && lane < a.topk) {
-      float w = 0.0f;
-      for (int j = 0; j < n; ++j) {
-        const int64_t row = rows.row[j];
-        w = w + (rows.rank[j] == me ? a.weights[row * a.weights_row_stride + lane]
-                                    : b.at<float>(rows.rank[j], b.combine_input_weights)[row * a.topk + lane]);
-      }
-      a.out_weights[t * a.topk + lane] = w;
-    }
+    if (ok && a.out_weights != nullptr && lane < a.topk) a.out_weights[t * a.topk + lane] = sum_weights(a, t, lane);
   }
 
   // The last CTA stores sequence = seq only once every rank is done: the copy kernel's CTAs read the old
