@@ -78,6 +78,15 @@ struct TokenRows {
   uint8_t rank[kMaxRanks];
 };
 
+// A CTA's shared memory: the stage, and per warp its barriers, the rows of the token it loads and its
+// ready_until (the kernel's arrays), within the 227 KiB a CTA may have on Hopper, with room for the
+// protocol's few flags.
+static_assert(kStageBytes +
+                      kWarpsPerCta * (kSlots * sizeof(uint64_t) + sizeof(TokenRows) + kMaxRanks * sizeof(uint32_t)) +
+                      256 <=
+                  227 * 1024,
+              "the combine's shared memory exceeds what a CTA may have");
+
 constexpr int kRanksPerLane = (kMaxRanks + kWarp - 1) / kWarp;
 
 // What one lane holds of a token's send positions (ranks lane, lane + 32, ...; -1: none), or of the
