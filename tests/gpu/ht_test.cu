@@ -129,6 +129,11 @@ std::vector<HtCase> cases() {
     v.push_back({R, 512, 2048, 6, 256, Rt::zipf, 0.1, true, true, true, 8, n + "Zipf_Fp8_Int32"});
     v.push_back({R, 200, 2048, 8, 8 * R, Rt::one_hot, 0.0, false, false, false, 1, n + "OneHotExpert"});
   }
+  // The bench's shape on one GPU: rows of 7 pieces in the combine, many rounds of its warps, the copy of y
+  // running beside the pull, and the FP8 form with int32 ids and column-major scales.
+  v.push_back({2, 4096, 7168, 8, 256, Rt::uniform, 0.1, false, false, false, 1, "SingleGpu2_DeepSeekShape_Bf16"});
+  v.push_back({4, 4096, 7168, 8, 256, Rt::uniform, 0.1, true, true, true, 1,
+               "SingleGpu4_DeepSeekShape_Fp8ColumnMajorScales_Int32"});
   v.push_back({8, 64, 2048, 8, 8, Rt::uniform, 0.0, false, false, false, 1, "SingleGpu8_EveryTokenToEveryRank"});
   // More than 32 ranks: the kernels keep a lane's ranks lane, lane + 32, ... (tokens reach rank 32 too).
   // Every rank's kernels must be resident at once: 33 ranks of 3 SMs each passed on an H200, 40 did
