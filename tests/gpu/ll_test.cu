@@ -85,6 +85,9 @@ std::vector<LlCase> cases() {
        "World_ThreeSms_Zipf_RepeatedExperts_Bf16_Int32", 3},
       // One GPU, 2 ranks.
       {2, 77, 128, 2048, 8, 64, Rt::uniform, 0.1, P::fp8, false, true, false, false, false, "SingleGpu2_Uniform_Fp8"},
+      // The bench's shape on one GPU.
+      {2, 128, 128, 7168, 8, 256, Rt::uniform, 0.1, P::fp8, false, true, false, false, false,
+       "SingleGpu2_DeepSeek_Fp8"},
       {2, 128, 128, 2048, 8, 64, Rt::zipf, 0.1, P::fp8_ue8m0, true, true, true, false, false,
        "SingleGpu2_Zipf_Ue8m0_ColumnMajorScales_Int32"},
       {2, 0, 128, 2048, 8, 64, Rt::uniform, 0.1, P::bf16, false, true, false, false, false, "SingleGpu2_NoTokens_Bf16"},
