@@ -78,7 +78,7 @@ gpu_tests() {
 one_queue() {
   echo "== single-GPU teams on one hardware queue"
   local start=$(date +%s)
-  CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 150 "$build/tests/epx_gpu_tests" --gtest_repeat=2 \
+  CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 300 "$build/tests/epx_gpu_tests" --gtest_repeat=2 \
     --gtest_filter='Cases/HtExchange.*SingleGpu*:Cases/LlExchange.*SingleGpu*:Teams/LlModes.*SingleGpu*:LlMask.*-*SingleGpu33*:LlMask.World*' \
     >"$out/one-queue.log" 2>&1
   rc_one_queue=$?
