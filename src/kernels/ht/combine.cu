@@ -10,7 +10,11 @@
 // kSlots piece buffers and walks its pieces in the order they are added: its tokens in turn, each
 // token chunk by chunk, the ranks holding a row ascending within a chunk. Lane 0 keeps the next
 // kSlots - 1 pieces loading; the lanes add each piece from shared memory as it lands, and after a
-// chunk's last rank they write that chunk of out[t].
+// chunk's last rank they write that chunk of out[t]. The pull is bound by instruction issue (measured:
+// docs/PERFORMANCE.md), so a piece's bookkeeping is kept short: each row's source is worked out once per
+// token (gather_rows), a chunk's stores are predicated, and the slot and phase are counted, not divided.
+// Lane 0 of each warp starts its own loads: a warp's bulk copies issue one after another, each waiting on
+// its operands, so twenty warps overlap that latency where fewer loader warps did not.
 //
 // Protocol (done words of core::HtFlag):
 //   * Every CTA computes seq = sequence[kCombineDone] + 1; the last CTA stores it once every home rank
