@@ -119,8 +119,8 @@ __device__ int count_rows(const PerRank& pos) {
   return n;
 }
 
-// The whole warp fills `out` from a token's positions (`begin`: send_begin) and returns how many ranks
-// hold a row of it.
+// The whole warp fills `out` from a token's positions (`begin`: send_begin), each row's source included,
+// and returns how many ranks hold a row of it.
 __device__ int gather_rows(const CombineArgs& a, const PerRank& pos, const PerRank& begin, TokenRows& out) {
   const BufferView& b = a.buffer;
   const int lane = threadIdx.x % kWarp, row_bytes = 2 * a.hidden;
@@ -223,8 +223,8 @@ __device__ void signal_every_group(const BufferView& b, uint64_t seq) {
   }
 }
 
-// The next piece a warp loads: its token i (rows gathered in `rows`, n of them), chunk, and which of
-// the token's ranks. Every lane holds the same copy; lane 0 starts the loads.
+// The next piece a warp loads: its token i (rows gathered in `rows`, n of them), which of the token's
+// rows, and the byte offset in it. Every lane holds the same copy; lane 0 starts the loads.
 struct PieceLoader {
   const CombineArgs& a;
   const WarpTokens& tokens;

@@ -143,7 +143,7 @@ struct BatchTargets {
 #pragma unroll
     for (int b = 0; b < kLineBatch; ++b) {
       const int line = instruction_line(base + b);
-      const bool wanted = base + b < batch_end && line < lines;
+      const bool wanted = instruction_has_line(base + b, batch_end, lines);
       const int byte = line_byte(line);
       data_at[b] = wanted && vector < kDataVectors && byte < bytes ? byte : -1;
       const int k = line % kLinesPerItem, group = kItemGroups * (line / kLinesPerItem) + k;
