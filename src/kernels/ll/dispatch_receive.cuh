@@ -255,10 +255,14 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
     ok = __syncthreads_and(ok);  // warp-uniform again: the work items use warp collectives
     if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_outputs>(v.team);
   }
-  // Work items: (message, part), p.by_receive_parts.d parts per message (receive_parts).
+  // Work items: (message, part), p.by_receive_parts.d parts per message (receive_parts). Where they fit
+  // one per SM, item i goes to the last warp of CTA i (first_work_item; the send step's lone items take
+  // warp 0): a part's copy into its rows is a chain of a few hundred instructions a row, which a warp alone
+  // on its SM runs sooner than warps sharing one (T = 1: 8 parts on one SM, ~0.25 us a row).
   const int messages = R * v.max_tokens, parts = int(p.by_receive_parts.d);
   const int warps = gridDim.x * kWarps;
-  for (int item = blockIdx.x * kWarps + threadIdx.x / kWarp; ok && item < messages * parts; item += warps) {
+  for (int item = first_work_item(messages * parts, int(blockIdx.x), kWarps - 1, kWarps); ok && item < messages * parts;
+       item += warps) {
     const auto [message, part] = p.by_receive_parts.split(uint32_t(item));
     const int s = int(v.by_max_tokens.quotient(message));
     ok = receive_message<kFp8>(p, masked, stamp, s, int(message) - s * v.max_tokens, int(part));
