@@ -32,8 +32,8 @@
 //   too); src_idx too. The part's loads (manifest word, header, first payload lines) all go out before the
 //   first wait: a word or line loaded early vouches for itself as well.
 //   The last CTA writes layout_range, recv_count and the statistics (waiting for every source's counts;
-//   receive items go to CTAs in order, so the last one has the fewest and none waits behind it; in a
-//   launch with the sends it has sent the counts and manifests first). What combine needs of each
+//   its receive items, dealt over the CTAs first like every CTA's, wait behind them; in a launch with the
+//   sends it has sent the counts and manifests first). What combine needs of each
 //   message (slots, each slot's packed row and weight; slots 0 for a token that sent nothing) is kept in
 //   private memory, so the set is not read after this step. Then the CTA that counted itself last records the call as
 //   freed (FreedRecord); the signals go out at the start of this rank's next dispatch (protocol.cuh). Every wait is
