@@ -260,8 +260,9 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
   // their first warps). A part's copy into its rows is a few dozen instructions a row for every warp, so it
   // goes at the pace of its SM's issue slots: dealt to the CTAs in turn (16 items a CTA, on half the SMs at
   // T = 128, EP = 1), the dispatch FP8 took 0.8 us longer and its receive step alone 1.1 us (2026-11-29).
-  // With several ranks it also gives every SM messages of every source, so that the peers' messages, which
-  // land last, are copied by every SM. The last CTA's items wait behind the per-expert outputs above.
+  // With several ranks it also gives every SM messages of every source (the peers' land last); at EP = 2,
+  // ~16 items a CTA either way, no change was seen. The last CTA's items wait behind the per-expert outputs
+  // above.
   const int messages = R * v.max_tokens, parts = int(p.by_receive_parts.d);
   const int warps = gridDim.x * kWarps, warp = int(threadIdx.x / kWarp);
   for (int item = int(blockIdx.x) + (kWarps - 1 - warp) * int(gridDim.x); ok && item < messages * parts;

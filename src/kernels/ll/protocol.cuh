@@ -132,9 +132,9 @@ __device__ __forceinline__ uint4 load_vector(const uint4* p) {
 // load bandwidth and issue slots are shared by its warps (a warp alone on its SM does a combine item's
 // loads and sums in ~0.40 us, 16 warps of one SM in ~0.65: epx-start-probe), and a CTA's barriers wait
 // for its slowest warp. Otherwise they fill the CTAs in turn (cta * warps_per_cta + warp); dealing them
-// over the CTAs first at every size cost T = 128 0.2 us (combine) and 0.9 us (dispatch, both steps), where
-// every warp has an item either way. (The dispatch's receive items alone are dealt over the CTAs first:
-// dispatch_receive.cuh says why.) Returns `items` (none) for the other warps of a CTA in the first case.
+// over the CTAs first at every size cost T = 128 0.2 us (combine) and 0.9 us (dispatch), where every warp
+// has an item either way. (The dispatch's receive items, which do not use this, are dealt over the CTAs
+// first: dispatch_receive.cuh says why.) Returns `items` (none) for the other warps of a CTA in the first case.
 __device__ __forceinline__ int first_work_item(int items, int cta, int lone_warp, int warps_per_cta) {
   const int warp = int(threadIdx.x / kWarp);
   if (items <= int(gridDim.x)) return warp == lone_warp ? cta : items;
