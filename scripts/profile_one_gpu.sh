@@ -48,9 +48,10 @@ grep -E "==PROF==|==ERROR==|==WARNING==" "$out/bench.log" | head -10
 ncu --import "$out/profile.ncu-rep" --page details >"$out/details.txt" 2>&1
 ncu --import "$out/profile.ncu-rep" --page source --csv --print-source sass >"$out/sass.csv" 2>&1
 [ -n "${KEEP_REPORT:-}" ] || rm -f "$out/profile.ncu-rep" "$out/profile.json"
-# The build's device code with line information, so that each sampled instruction gets its source line.
-listings=$(mktemp -d) library=$(realpath "$build/src/libepx.so")
-(cd "$listings" && cuobjdump -xelf all "$library" >/dev/null &&
+# The build's device code with line information, so that each sampled instruction gets its source line: from
+# the bench itself, which links the library statically (so a carried build needs nothing but bench/epx-bench).
+listings=$(mktemp -d) bench_binary=$(realpath "$build/bench/epx-bench")
+(cd "$listings" && cuobjdump -xelf all "$bench_binary" >/dev/null &&
   for cubin in *.cubin; do nvdisasm -g -c "$cubin" >"${cubin%.cubin}.sass"; done) || echo "no disassembly: no source lines"
 python3 scripts/profile_lines.py "$out/sass.csv" "$listings"/*.sass | tee "$out/lines.txt"
 rm -rf "$listings"
