@@ -51,8 +51,6 @@
 //     this one's: the wait takes it as this call's (protocol.cuh).
 //     (A warp whose wait expired stops with loads possibly in flight; its team has failed then, and
 //     signals nothing.)
-#include <cuda_bf16.h>
-
 #include "core/cuda_check.hpp"
 #include "kernels/common/bf16.cuh"
 #include "kernels/common/bulk_copy.cuh"
@@ -164,11 +162,8 @@ __device__ void write_chunk(float (&acc)[kVectorsPerLane][8], int4* out_row, con
   int4* out = out_row + first;
 #pragma unroll
   for (int u = 0; u < kVectorsPerLane; ++u) {
-    int4 packed;
-    __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(acc[u][2 * q], acc[u][2 * q + 1]);
-    if (u * kWarp + lane < vectors) out[u * kWarp + lane] = packed;
+    const uint4 packed = to_bf16(acc[u]);
+    if (u * kWarp + lane < vectors) out[u * kWarp + lane] = reinterpret_cast<const int4&>(packed);
   }
 }
 

@@ -34,8 +34,6 @@
 //     (own_partial: the send's reduce), and wait for nothing; rows (me, set, me or k, t) are then not
 //     written and keep an older call's stamp. Then the CTA that counted itself last records the call as freed
 //     (FreedRecord); the signals go out at the start of this rank's next combine (protocol.cuh).
-#include <cuda_bf16.h>
-
 #include <algorithm>
 
 #include "core/cuda_check.hpp"
@@ -57,17 +55,6 @@ constexpr int kRowsInFlight = 4;         // rows whose vectors a lane loads befo
 constexpr int kReceiveRowsInFlight = 2;  // the same in the receive (4 would spill: 128 registers)
 
 using core::LlHomeToken;
-
-__device__ uint4 to_bf16(const float (&acc)[kColsPerVector]) {
-  uint4 out;
-  uint32_t* w = &out.x;
-#pragma unroll
-  for (int i = 0; i < kColsPerVector / 2; ++i) {
-    const __nv_bfloat162 pair = __float22bfloat162_rn(make_float2(acc[2 * i], acc[2 * i + 1]));
-    w[i] = *reinterpret_cast<const uint32_t*>(&pair);
-  }
-  return out;
-}
 
 // ---- Send ----
 
