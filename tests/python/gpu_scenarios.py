@@ -1,5 +1,6 @@
-"""What the GPU tests run: two ranks (processes, one GPU each) in a torch.distributed group, as users run
-epx, each executing the same scenario; test_gpu.py sends scenario names to both and collects results.
+"""What the GPU tests run: R ranks (processes, one GPU each; R from $EPX_TEST_RANKS, 2 by default) in a
+torch.distributed group, as users run epx, each executing the same scenario; test_gpu.py sends scenario
+names to every rank and collects results. Scenarios in NEEDS_A_PEER take R = 2.
 
 Every input is made from a seed per rank, so each rank can rebuild every other rank's inputs and
 compute what it must receive with plain torch (the references below, written loop by loop, independent
@@ -15,7 +16,7 @@ import torch.distributed as dist
 import epx
 from epx import deep_ep
 
-R = 2
+R = int(os.environ.get("EPX_TEST_RANKS", "2"))
 HT_TOKENS = (512, 384)  # per rank: different on purpose
 LL_MAX_TOKENS, LL_TOKENS = 128, (128, 97)
 HIDDEN, TOPK, EXPERTS = 2048, 8, 32
@@ -551,6 +552,7 @@ SCENARIOS = {
         native_buffer,
     )
 }
+NEEDS_A_PEER = {ll_rank_masking.__name__}
 
 
 def serve(rank: int, world: int, init_file: str, tasks, results) -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI's Python step: `pip install .` into a fresh virtual environment (building libepx from source, as a
 # user's install does), then the Python tests. On a machine without GPUs the GPU tests report
-# "skipped: needs 2 GPUs"; the CPU tests run: import and library loading without a GPU (and without
+# "skipped: no GPU"; the CPU tests run: import and library loading without a GPU (and without
 # torch), the C ABI's struct layouts and errors, size hints, DeepEP's signatures, and the argument checks
 # that fail before any GPU work. torch is not installed here (PyPI's wheel pulls gigabytes of CUDA
 # libraries): the tests that need torch report "skipped: needs torch" and run where torch is (the GPU

@@ -1,15 +1,20 @@
-"""GPU tests: two processes, one GPU each, in a torch.distributed (NCCL) group, as users run epx.
-Each test is one scenario of gpu_scenarios.py, run by both ranks; skipped without 2 GPUs."""
+"""GPU tests: every rank of a torch.distributed (NCCL) group of processes, one GPU each, as users run epx,
+executes the same scenario of gpu_scenarios.py; two ranks where two GPUs are visible, else one (the
+scenarios that need a peer are skipped then). Skipped without a GPU."""
 
+import os
 import queue
 
 import pytest
 
 from conftest import cuda_devices
 
+RANKS = min(cuda_devices(), 2)
+os.environ["EPX_TEST_RANKS"] = str(RANKS)  # read by gpu_scenarios, here and in the rank processes
+
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(cuda_devices() < 2, reason="skipped: needs 2 GPUs (these tests run two ranks)"),
+    pytest.mark.skipif(RANKS < 1, reason="skipped: no GPU"),
 ]
 
 SCENARIO_TIMEOUT_S = 300
@@ -78,7 +83,7 @@ def ranks(tmp_path_factory):
 def scenario_names():
     """Every scenario of gpu_scenarios.py, which is imported only where the tests run (it needs torch);
     elsewhere one placeholder, so that the skip above is reported."""
-    if cuda_devices() < 2:
+    if RANKS < 1:
         return ["every_scenario"]
     import gpu_scenarios
 
@@ -86,5 +91,9 @@ def scenario_names():
 
 
 @pytest.mark.parametrize("scenario", scenario_names())
-def test_two_ranks(ranks, scenario):
+def test_scenario(ranks, scenario):
+    import gpu_scenarios
+
+    if RANKS < 2 and scenario in gpu_scenarios.NEEDS_A_PEER:
+        pytest.skip("skipped: needs 2 GPUs (the scenario masks its peer)")
     ranks.run(scenario)
