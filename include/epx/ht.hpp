@@ -12,7 +12,8 @@
 //     team's timeout); result.num_rows = N.
 //   * worst-case (num_worst_tokens > 0): no host wait at all, CUDA-graph capturable; outputs have
 //     num_worst_tokens rows, rows N.. are padding (src_idx -1, topk_idx -1, weights 0).
-//   * cached (args.cached = an earlier result's handle, same routing): skips the count exchange.
+//   * cached (args.cached = an earlier result's handle, same routing): skips the count exchange, and
+//     the host wait where that dispatch was exact (N and the per-expert counts are the handle's).
 // combine: y [N][H] BF16 (one row per received row, as dispatch returned them) goes back; the home rank
 // writes out[t] = sum over ranks that received t of y's row (float32 accumulation, ranks ascending),
 // plus bias once, as BF16 [T][H] in the original token order. Optional weights are summed the same way.

@@ -64,6 +64,10 @@ class HtHandle {
   int topk;              // K of the dispatch
   int expert_alignment;  // of the dispatch; a cached dispatch must use the same
   int64_t num_rows = 0;  // rows of the dispatch outputs (N, or num_worst_tokens)
+  // What the host learned of an exact-form dispatch (N and the rows per local expert), so that a cached
+  // dispatch of it needs no host wait; -1 and empty after a worst-case dispatch.
+  int64_t num_recv_tokens = -1;
+  std::vector<int32_t> num_recv_tokens_per_expert_host;
   const kernels::ht::HandleView& view() const { return block_->view; }
   void mark_use(cudaStream_t stream) const { HtHandlePool::mark_use(block_, stream); }
   // The pool of the buffer that made it (the handle keeps it alive, so the address identifies the buffer).

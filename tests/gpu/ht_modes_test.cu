@@ -1,7 +1,8 @@
 // HT calls in the ways users run them besides the plain stream: on the buffer's communication stream
-// with events (overlap with compute), and captured once into a CUDA graph (worst-case form) and
-// replayed with new inputs. Every call or graph launch that runs kernels goes to the GPU together with
-// the other ranks' (submit_together, single_gpu_ranks.hpp), after its copies.
+// with events (overlap with compute), captured once into a CUDA graph (worst-case form) and replayed
+// with new inputs, and a cached dispatch made while its stream is still busy. Every call or graph
+// launch that runs kernels goes to the GPU together with the other ranks' (submit_together,
+// single_gpu_ranks.hpp), after its copies.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 
 #include "expect_error.hpp"
 #include "gpu_test_env.hpp"
+#include "hold_stream.hpp"
 #include "ht_fixture.hpp"
 #include "single_gpu_ranks.hpp"
 
@@ -90,6 +92,35 @@ void graph_rounds(const std::vector<Expected>& expected, Team& team, cudaStream_
   cudaGraphDestroy(graph);
 }
 
+// A cached dispatch of an exact-form dispatch has N and the per-expert counts from its handle, so it
+// returns without waiting for its kernel: made while a kernel holds its stream for 200 ms, it returns with
+// the stream still busy. (Until 2026-11-29 it waited for its kernel's count, as the exact form does.)
+void cached_without_host_wait(const std::vector<Expected>& expected, Team& team, cudaStream_t stream) {
+  constexpr uint64_t kHoldNs = 200'000'000;
+  load_hold_kernel();
+  const int rank = team.rank();
+  const Expected& x = expected[0];
+  RankInputs in = upload_inputs(kCase, x.tokens[rank]);
+  const int64_t N = x.dispatch.recv[rank].num_recv_tokens;
+  HtBuffer buffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, kCase.E});
+  const HtDispatchResult exact = submit_together([&] { return buffer.dispatch(in.args, HtStreams{stream}); });
+  ASSERT_NO_FATAL_FAILURE(complete(team, stream));
+  HtDispatchArgs cached = in.args;
+  cached.cached = exact.handle;
+  cudaError_t busy = cudaSuccess;
+  const HtDispatchResult again = submit_together([&] {
+    hold_stream(stream, kHoldNs);
+    HtDispatchResult r = buffer.dispatch(cached, HtStreams{stream});
+    busy = cudaStreamQuery(stream);
+    return r;
+  });
+  EXPECT_EQ(busy, cudaErrorNotReady) << "rank " << rank << ": the cached dispatch returned once its kernel had run";
+  EXPECT_EQ(again.num_recv_tokens, N) << "rank " << rank;
+  EXPECT_EQ(again.num_recv_tokens_per_expert_host, exact.num_recv_tokens_per_expert_host) << "rank " << rank;
+  ASSERT_NO_FATAL_FAILURE(complete(team, stream));
+  check_dispatch(kCase, rank, again, x.dispatch.recv[rank], N);
+}
+
 std::vector<Expected> expected_rounds(int R, int rounds) {
   std::vector<Expected> v;
   for (int i = 0; i < rounds; ++i) v.push_back(build_expected(kCase, R, 1000u + i));
@@ -108,6 +139,12 @@ TEST_P(HtModes, WorstCaseCapturedInAGraphAndReplayed) {
   if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
   const auto expected = expected_rounds(GetParam() == 0 ? rank_info().world_size : GetParam(), 3);
   on_ranks(GetParam(), [&](Team& team, cudaStream_t stream) { graph_rounds(expected, team, stream); });
+}
+
+TEST_P(HtModes, CachedDispatchReturnsWithoutWaitingForItsKernel) {
+  if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
+  const auto expected = expected_rounds(GetParam() == 0 ? rank_info().world_size : GetParam(), 1);
+  on_ranks(GetParam(), [&](Team& team, cudaStream_t stream) { cached_without_host_wait(expected, team, stream); });
 }
 
 // Bad arguments are refused before anything is launched, with a message naming them; an invalid expert

@@ -72,6 +72,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   const HtDispatchResult again = submit_together([&] { return buffer.dispatch(cached, on); });
   ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   ASSERT_EQ(again.num_recv_tokens, N);
+  EXPECT_EQ(again.num_recv_tokens_per_expert_host, want.num_recv_tokens_per_expert) << "rank " << rank;
   check_dispatch(c, rank, again, want, N);
 
   // 4. Combine with weights and bias (strided, above), through the exact form's handle.

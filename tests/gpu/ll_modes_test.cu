@@ -19,6 +19,7 @@
 #include "epx/ll.hpp"
 #include "expect_error.hpp"
 #include "gpu_test_env.hpp"
+#include "hold_stream.hpp"
 #include "ll_fixture.hpp"
 #include "single_gpu_ranks.hpp"
 
@@ -228,21 +229,6 @@ void combine_from_buffer(const LlCase& c, Team& team, cudaStream_t stream) {
   check_ll_combine(c, x, rank, rig.out[0], LlCombineOrder::local);
 }
 
-// Keeps one thread busy for `ns` nanoseconds (a rank that comes late to a call).
-__global__ void hold_kernel(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-// Loads hold_kernel's code now (detail::load_kernel): a body calls it before its team's first collective
-// step. Loaded lazily at its first launch, it would wait for the kernels already running, other ranks'
-// waiting for this one included (seen: LlWaitCycles' single-GPU case timed out on 2026-11-23).
-void load_hold_kernel() { detail::load_kernel(reinterpret_cast<const void*>(hold_kernel), "hold_kernel"); }
-
 // (7) The home ranks' weights given to combine, on half the ranks: odd ranks give theirs to combine
 // (their dispatch has none), even ranks to dispatch, so an expert side takes some messages' weights
 // from the dispatch and awaits the others'. Six calls over three input sets, so that each buffer set
@@ -270,7 +256,7 @@ void weights_given_to_combine(const LlCase& c, Team& team, cudaStream_t stream) 
     if (given_here) ca.topk_weights = rig.dispatch_weights(set);
     ca.send_only = i % 2 == 1;
     const LlCombineResult r = submit_together([&] {
-      if (given_here) hold_kernel<<<1, 1, 0, stream>>>(1'000'000);
+      if (given_here) hold_stream(stream, 1'000'000);
       return rig.buffer.combine(ca, Streams{stream});
     });
     if (ca.send_only) {
@@ -304,7 +290,7 @@ void late_rank_stands_out(Team& team, cudaStream_t stream) {
   ASSERT_EQ(cudaMemsetAsync(combine_waits.data, 0, bytes, stream), cudaSuccess);
   poison_ll_outputs(rig.out[0], stream);
   const auto late = [&] {
-    if (rank == 1) hold_kernel<<<1, 1, 0, stream>>>(kLateNs);
+    if (rank == 1) hold_stream(stream, kLateNs);
   };
   LlDispatchArgs a = rig.dispatch_args(0);
   a.cumulative_wait_cycles = static_cast<int64_t*>(dispatch_waits.data);
