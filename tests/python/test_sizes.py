@@ -32,11 +32,21 @@ def test_ht_bytes_grow_with_ranks_tokens_hidden():
 
 
 def test_nvl_hint_holds_the_documented_tokens():
+    config = deep_ep.config
+    assert (config.HT_HINT_TOKENS_PER_RANK, config.HT_HINT_TOPK) == (4096, 8)
     hint = deep_ep.Config(24).get_nvl_buffer_size_hint(7168 * 2, 2)
-    assert hint == ht_bytes(2, deep_ep.config.HT_HINT_TOKENS_PER_RANK, K=deep_ep.config.HT_HINT_TOPK)
+    assert hint == ht_bytes(2, 4096, E=1024)
     assert deep_ep.Config().get_rdma_buffer_size_hint(7168 * 2, 2) == 0
     # An FP8 caller's hidden_bytes (hidden * 1) still gets room for BF16 rows of that hidden size.
-    assert deep_ep.Config().get_nvl_buffer_size_hint(7168, 2) == ht_bytes(2, 4096, H=3584)
+    assert deep_ep.Config().get_nvl_buffer_size_hint(7168, 2) == ht_bytes(2, 4096, H=3584, E=1024)
+    # The common models' expert counts at every team size: 4096 tokens of top-8 fit, with little to spare.
+    for R in (1, 2, 3, 4, 8, 16):
+        hint = deep_ep.Config().get_nvl_buffer_size_hint(7168 * 2, R)
+        assert config.hint_experts(R) % R == 0
+        for E in (128, 160, 256, 384, 1024):
+            if E % R == 0:
+                assert ht_bytes(R, 4096, E=E) <= hint < 1.001 * ht_bytes(R, 4096, E=E), (R, E)
+    assert config.hint_experts(16) == 2048  # 128 a rank where that is more
 
 
 def test_ll_hint_bounds_every_topk():

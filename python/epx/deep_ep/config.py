@@ -4,12 +4,22 @@ works unchanged. Its size hints are epx's."""
 
 from __future__ import annotations
 
-# The HT size hint is for this many tokens per rank, top-8, 256 experts (epx's HtBufferOptions
-# defaults): epx keeps every received token, so its HT buffer grows with the tokens per rank, which
-# DeepEP's hint does not take. To dispatch more tokens, pass more bytes (epx.HtBuffer.required_bytes).
+# The HT size hint is for this many tokens per rank, top-8, and up to HT_HINT_EXPERTS experts (or 128 a
+# rank, where that is more): epx keeps every received token, so its HT buffer grows with the tokens per
+# rank, which DeepEP's hint does not take. The expert count costs little (~72 bytes an expert at 4096
+# tokens), so the hint covers every common model's at every team size (sized for 128 experts a rank only,
+# it held 4095 tokens of a 384-expert model at EP=2). To dispatch more tokens, pass more bytes
+# (epx.HtBuffer.required_bytes).
 HT_HINT_TOKENS_PER_RANK = 4096
 HT_HINT_TOPK = 8
+HT_HINT_EXPERTS = 1024
 HT_HINT_EXPERTS_PER_RANK = 128
+
+
+def hint_experts(num_ranks: int) -> int:
+    """The expert count the HT hint is sized for: at least HT_HINT_EXPERTS (made a multiple of the ranks)
+    and HT_HINT_EXPERTS_PER_RANK a rank."""
+    return max(num_ranks * HT_HINT_EXPERTS_PER_RANK, -(-HT_HINT_EXPERTS // num_ranks) * num_ranks)
 
 
 class Config:
@@ -31,7 +41,7 @@ class Config:
 
     def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
         """Bytes of num_nvl_bytes for HT calls of hidden_bytes per token (hidden * 2 for BF16), sized for
-        HT_HINT_TOKENS_PER_RANK tokens per rank (see above)."""
+        HT_HINT_TOKENS_PER_RANK tokens per rank, top-HT_HINT_TOPK, hint_experts(num_ranks) experts (see above)."""
         from ..ht import HtBuffer
 
         if int(hidden_bytes) <= 0 or int(num_ranks) < 1:
@@ -43,7 +53,7 @@ class Config:
             max_tokens_per_rank=HT_HINT_TOKENS_PER_RANK,
             hidden=hidden,
             max_topk=HT_HINT_TOPK,
-            num_experts=int(num_ranks) * HT_HINT_EXPERTS_PER_RANK,
+            num_experts=hint_experts(int(num_ranks)),
         )
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
