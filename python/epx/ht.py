@@ -202,7 +202,7 @@ class HtBuffer(BufferBase):
             recv_topk_weights=out(result.recv_topk_weights),
             num_recv_tokens_per_expert=s.copy(counts, device) if copy else counts,
             num_recv_tokens_per_expert_list=(
-                [int(host_counts[i]) for i in range(E_local)] if result.num_recv_tokens_per_expert_host_valid else None
+                host_counts[:E_local] if result.num_recv_tokens_per_expert_host_valid else None
             ),
             num_recv_tokens=int(result.num_recv_tokens) if result.num_recv_tokens >= 0 else None,
             handle=handle,
