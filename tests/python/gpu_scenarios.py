@@ -426,6 +426,36 @@ def ll_dispatch_fp8(ctx):
         equal(torch.exp2(exponents[e, :n] - 127), rounded[e, :n], f"UE8M0 scales[{e}]")
 
 
+def ll_cuda_graph(ctx):
+    """LL dispatch, the experts' work and combine captured once in a torch.cuda.CUDAGraph (as decode loops
+    run them), then replayed with new inputs copied into the captured tensors: every replay checked. The
+    first call is eager: it makes the LL buffer, which cannot happen inside a capture."""
+    rounds = [all_inputs(LL_TOKENS, 20 + i) for i in range(3)]
+    x, topk, w = (t.clone() for t in rounds[0][ctx.rank])  # the captured inputs
+    marks = torch.tensor([expert_scale(ctx.rank * E_LOCAL + e) for e in range(E_LOCAL)], device=x.device)
+
+    def step():
+        recv_x, recv_count, handle, _, _ = ctx.ll.low_latency_dispatch(x, topk, LL_MAX_TOKENS, EXPERTS, use_fp8=False)
+        y = (recv_x.float() * marks[:, None, None]).bfloat16()
+        combined, _, _ = ctx.ll.low_latency_combine(y, topk, w, handle)
+        return recv_x, recv_count, handle, combined
+
+    step()  # eager: makes the buffer
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        recv_x, recv_count, handle, combined = step()
+    for i, inputs in enumerate(rounds + rounds[:1]):
+        new_x, new_topk, new_w = inputs[ctx.rank]
+        x.copy_(new_x)
+        topk.copy_(new_topk)
+        w.copy_(new_w)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_ll_dispatch(inputs, ctx.rank, recv_x, recv_count, handle)
+        close(combined, ref_ll_combine(inputs, ctx.rank, expert_scale), f"low_latency_combine (replay {i})")
+
+
 def ll_hooks_and_async(ctx):
     inputs = all_inputs(LL_TOKENS, 8)
     x, topk, w = inputs[ctx.rank]
@@ -547,6 +577,7 @@ SCENARIOS = {
         ht_num_sms_and_configs,
         ll_dispatch_bf16_combine,
         ll_dispatch_fp8,
+        ll_cuda_graph,
         ll_hooks_and_async,
         ll_rank_masking,
         native_buffer,
