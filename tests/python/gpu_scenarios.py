@@ -278,6 +278,42 @@ def ht_worst_case_and_cached(ctx):
     equal(out[0], ref_ht_dispatch(inputs2, ctx.rank)[0], "recv_x (cached, exact)")
 
 
+def ht_cuda_graph(ctx):
+    """The worst-case HT dispatch (no host wait) and combine captured once in a torch.cuda.CUDAGraph, then
+    replayed with new inputs copied into the captured tensors: every replay checked. The first call is eager
+    (it may make the HT buffer)."""
+    rounds = [all_inputs(HT_TOKENS, 30 + i) for i in range(2)]
+    x, topk, w = (t.clone() for t in rounds[0][ctx.rank])  # the captured inputs
+    worst = R * max(HT_TOKENS)
+
+    def step():
+        recv_x, recv_topk, _, _, handle, _ = ctx.ht.dispatch(
+            x, topk_idx=topk, topk_weights=w, num_tokens_per_expert=torch.empty(EXPERTS), num_worst_tokens=worst
+        )
+        combined, _, _ = ctx.ht.combine((recv_x.float() * rank_scale(ctx.rank)).bfloat16(), handle)
+        return recv_x, recv_topk, handle, combined
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        recv_x, recv_topk, handle, combined = step()
+    for i, inputs in enumerate(rounds + rounds[:1]):
+        new_x, new_topk, new_w = inputs[ctx.rank]
+        x.copy_(new_x)
+        topk.copy_(new_topk)
+        w.copy_(new_w)
+        graph.replay()
+        torch.cuda.synchronize()
+        want_x, want_src, want_topk, _, _ = ref_ht_dispatch(inputs, ctx.rank)
+        N = want_x.size(0)
+        equal(recv_x[:N], want_x, f"recv_x (replay {i})")
+        equal(recv_topk[:N], want_topk, f"recv_topk_idx (replay {i})")
+        equal(handle.recv_src_idx[:N], want_src, f"recv_src_idx (replay {i})")
+        assert bool((handle.recv_src_idx[N:] == -1).all()), f"padding rows (replay {i})"
+        close(combined, ref_ht_combine(inputs, ctx.rank, rank_scale), f"combined_x (replay {i})")
+
+
 def ht_async_previous_event(ctx):
     inputs = all_inputs(HT_TOKENS, 5)
     x, topk, w = inputs[ctx.rank]
@@ -573,6 +609,7 @@ SCENARIOS = {
         ht_dispatch_combine_bf16,
         ht_dispatch_fp8_column_major_scales,
         ht_worst_case_and_cached,
+        ht_cuda_graph,
         ht_async_previous_event,
         ht_num_sms_and_configs,
         ll_dispatch_bf16_combine,
