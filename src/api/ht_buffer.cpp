@@ -423,20 +423,20 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   handle->mark_use(stream);
 
   HtDispatchResult result;
-  if (args.num_worst_tokens == 0 && handle->num_recv_tokens >= 0) {
-    // Cached, of an exact-form dispatch: the same routing, so the same N and per-expert rows, which the host
-    // has from that dispatch. No host wait (it made a cached call return only once its kernel had run).
+  if (args.num_worst_tokens == 0) {
+    // A cached dispatch of an exact-form one has the same routing, so the same N and per-expert rows, which
+    // the host has from that dispatch: no wait for the kernel's count.
+    const bool known = handle->num_recv_tokens >= 0;
+    if (!known) im.wait_for_ticket(ticket, stream);
     im.report_recorded_errors();
-    result.num_recv_tokens = handle->num_recv_tokens;
+    result.num_recv_tokens = known ? handle->num_recv_tokens : im.mailbox->num_recv;
     result.num_rows = result.num_recv_tokens;
-    result.num_recv_tokens_per_expert_host = handle->num_recv_tokens_per_expert_host;
-  } else if (args.num_worst_tokens == 0) {
-    im.wait_for_ticket(ticket, stream);
-    im.report_recorded_errors();
-    result.num_recv_tokens = im.mailbox->num_recv;
-    result.num_rows = result.num_recv_tokens;
-    result.num_recv_tokens_per_expert_host.assign(im.mailbox->expert_counts,
-                                                  im.mailbox->expert_counts + im.options.num_experts / R);
+    if (known) {
+      result.num_recv_tokens_per_expert_host = handle->num_recv_tokens_per_expert_host;
+    } else {
+      result.num_recv_tokens_per_expert_host.assign(im.mailbox->expert_counts,
+                                                    im.mailbox->expert_counts + im.options.num_experts / R);
+    }
     if (fresh) {
       fresh->num_recv_tokens = result.num_recv_tokens;
       fresh->num_recv_tokens_per_expert_host = result.num_recv_tokens_per_expert_host;

@@ -278,40 +278,47 @@ def ht_worst_case_and_cached(ctx):
     equal(out[0], ref_ht_dispatch(inputs2, ctx.rank)[0], "recv_x (cached, exact)")
 
 
+def check_graph_replays(rounds, rank, step, check):
+    """step(x, topk, w) captured once in a torch.cuda.CUDAGraph, as decode loops run the calls, then replayed
+    with each round's inputs (and the first's again) copied into the captured tensors; check(inputs, outputs,
+    what) after every replay. The first call is eager: it may make the buffer, which cannot happen inside a
+    capture."""
+    x, topk, w = (t.clone() for t in rounds[0][rank])  # the captured inputs
+    step(x, topk, w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        outputs = step(x, topk, w)
+    for i, inputs in enumerate(rounds + rounds[:1]):
+        for captured, new in zip((x, topk, w), inputs[rank]):
+            captured.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(inputs, outputs, f"replay {i}")
+
+
 def ht_cuda_graph(ctx):
-    """The worst-case HT dispatch (no host wait) and combine captured once in a torch.cuda.CUDAGraph, then
-    replayed with new inputs copied into the captured tensors: every replay checked. The first call is eager
-    (it may make the HT buffer)."""
-    rounds = [all_inputs(HT_TOKENS, 30 + i) for i in range(2)]
-    x, topk, w = (t.clone() for t in rounds[0][ctx.rank])  # the captured inputs
+    """The worst-case HT dispatch (no host wait) and combine in a CUDA graph (check_graph_replays)."""
     worst = R * max(HT_TOKENS)
 
-    def step():
+    def step(x, topk, w):
         recv_x, recv_topk, _, _, handle, _ = ctx.ht.dispatch(
             x, topk_idx=topk, topk_weights=w, num_tokens_per_expert=torch.empty(EXPERTS), num_worst_tokens=worst
         )
         combined, _, _ = ctx.ht.combine((recv_x.float() * rank_scale(ctx.rank)).bfloat16(), handle)
         return recv_x, recv_topk, handle, combined
 
-    step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        recv_x, recv_topk, handle, combined = step()
-    for i, inputs in enumerate(rounds + rounds[:1]):
-        new_x, new_topk, new_w = inputs[ctx.rank]
-        x.copy_(new_x)
-        topk.copy_(new_topk)
-        w.copy_(new_w)
-        graph.replay()
-        torch.cuda.synchronize()
+    def check(inputs, outputs, what):
+        recv_x, recv_topk, handle, combined = outputs
         want_x, want_src, want_topk, _, _ = ref_ht_dispatch(inputs, ctx.rank)
         N = want_x.size(0)
-        equal(recv_x[:N], want_x, f"recv_x (replay {i})")
-        equal(recv_topk[:N], want_topk, f"recv_topk_idx (replay {i})")
-        equal(handle.recv_src_idx[:N], want_src, f"recv_src_idx (replay {i})")
-        assert bool((handle.recv_src_idx[N:] == -1).all()), f"padding rows (replay {i})"
-        close(combined, ref_ht_combine(inputs, ctx.rank, rank_scale), f"combined_x (replay {i})")
+        equal(recv_x[:N], want_x, f"recv_x ({what})")
+        equal(recv_topk[:N], want_topk, f"recv_topk_idx ({what})")
+        equal(handle.recv_src_idx[:N], want_src, f"recv_src_idx ({what})")
+        assert bool((handle.recv_src_idx[N:] == -1).all()), f"padding rows ({what})"
+        close(combined, ref_ht_combine(inputs, ctx.rank, rank_scale), f"combined_x ({what})")
+
+    check_graph_replays([all_inputs(HT_TOKENS, 30 + i) for i in range(2)], ctx.rank, step, check)
 
 
 def ht_async_previous_event(ctx):
@@ -463,33 +470,21 @@ def ll_dispatch_fp8(ctx):
 
 
 def ll_cuda_graph(ctx):
-    """LL dispatch, the experts' work and combine captured once in a torch.cuda.CUDAGraph (as decode loops
-    run them), then replayed with new inputs copied into the captured tensors: every replay checked. The
-    first call is eager: it makes the LL buffer, which cannot happen inside a capture."""
-    rounds = [all_inputs(LL_TOKENS, 20 + i) for i in range(3)]
-    x, topk, w = (t.clone() for t in rounds[0][ctx.rank])  # the captured inputs
-    marks = torch.tensor([expert_scale(ctx.rank * E_LOCAL + e) for e in range(E_LOCAL)], device=x.device)
+    """LL dispatch, the experts' work and combine in a CUDA graph (check_graph_replays)."""
+    marks = torch.tensor([expert_scale(ctx.rank * E_LOCAL + e) for e in range(E_LOCAL)], device="cuda")
 
-    def step():
+    def step(x, topk, w):
         recv_x, recv_count, handle, _, _ = ctx.ll.low_latency_dispatch(x, topk, LL_MAX_TOKENS, EXPERTS, use_fp8=False)
         y = (recv_x.float() * marks[:, None, None]).bfloat16()
         combined, _, _ = ctx.ll.low_latency_combine(y, topk, w, handle)
         return recv_x, recv_count, handle, combined
 
-    step()  # eager: makes the buffer
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        recv_x, recv_count, handle, combined = step()
-    for i, inputs in enumerate(rounds + rounds[:1]):
-        new_x, new_topk, new_w = inputs[ctx.rank]
-        x.copy_(new_x)
-        topk.copy_(new_topk)
-        w.copy_(new_w)
-        graph.replay()
-        torch.cuda.synchronize()
+    def check(inputs, outputs, what):
+        recv_x, recv_count, handle, combined = outputs
         check_ll_dispatch(inputs, ctx.rank, recv_x, recv_count, handle)
-        close(combined, ref_ll_combine(inputs, ctx.rank, expert_scale), f"low_latency_combine (replay {i})")
+        close(combined, ref_ll_combine(inputs, ctx.rank, expert_scale), f"low_latency_combine ({what})")
+
+    check_graph_replays([all_inputs(LL_TOKENS, 20 + i) for i in range(3)], ctx.rank, step, check)
 
 
 def ll_hooks_and_async(ctx):
