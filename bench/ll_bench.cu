@@ -33,9 +33,6 @@ using detail::check_cuda;
 constexpr double kMessageHeaderBytes = core::kLlHeaderWords * sizeof(core::LlWord);
 constexpr uint16_t kBf16NaN = 0x7fc0;
 
-static_assert(sizeof(LlRange) == sizeof(ref::RowRange) && offsetof(LlRange, count) == offsetof(ref::RowRange, count),
-              "layout_range is downloaded straight into the reference's RowRange");
-
 // ---- Expert outputs (combine's y) ----------------------------------------------------------------------
 // y[e][row][h] on rank r is a pure function of (r, local expert e, the row's source rank s and token t,
 // h): the GPU fills its own y from its dispatch's layout, the host every rank's y from the reference's
@@ -607,7 +604,8 @@ class LlBench {
     need(from.bytes.layout_range, got.layout_range.data.size() * sizeof(LlRange), "layout_range");
     got.recv_count = download<int32_t>(from.recv_count.get(), E, stream());
     download_into(got.src_idx.data.data(), from.src_idx.get(), got.src_idx.data.size(), stream());
-    download_into(got.layout_range.data.data(), from.layout_range.get(), got.layout_range.data.size(), stream());
+    const std::vector<LlRange> ranges = download<LlRange>(from.layout_range.get(), E * R_, stream());
+    for (std::size_t i = 0; i < ranges.size(); ++i) got.layout_range.data[i] = {ranges[i].begin, ranges[i].count};
     return got;
   }
 

@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define EPX_ABI_VERSION 1
+#define EPX_ABI_VERSION 2
 
 /* ---- errors and library information ---------------------------------------------------------------- */
 
@@ -267,7 +267,7 @@ EPX_API epx_status epx_ll_output_sizes(const epx_ll_buffer* buffer, int use_fp8,
 
 /* LlRange */
 typedef struct epx_ll_range {
-  int32_t begin, count;
+  int32_t count, begin;
 } epx_ll_range;
 
 /* LlScalesLayout, in elements; all zero: row-major */

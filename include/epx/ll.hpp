@@ -101,10 +101,12 @@ EPX_API LlConfig default_ll_config(int num_ranks, int sm_count, bool single_gpu)
 
 enum class LlCombineOrder { local, naive };
 
-// (begin, count) of one source rank's rows of one local expert.
+// One source rank's rows of one local expert: rows [begin, begin + count). The count comes first, so
+// that read as one little-endian int64 (as DeepEP's layout_range is) the count is the low 32 bits and
+// begin the high 32.
 struct LlRange {
-  int32_t begin = 0;
   int32_t count = 0;
+  int32_t begin = 0;
 };
 
 // The packed outputs of a dispatch, allocated by the caller (LlBuffer::output_bytes says how much).

@@ -13,7 +13,7 @@ from ctypes import POINTER, Structure, c_char, c_char_p, c_int, c_int32, c_int64
 from . import _loader
 from .errors import EpxError, EpxInvalidArgument
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # epx_dtype (epx::ScalarType)
 BF16, FP8_E4M3, FLOAT32, INT32, INT64, BOOL = range(6)
@@ -185,7 +185,7 @@ class LlOutputBytes(Sized):
 
 
 class LlRange(Structure):
-    _fields_ = [("begin", c_int32), ("count", c_int32)]
+    _fields_ = [("count", c_int32), ("begin", c_int32)]
 
 
 class LlScalesLayout(Structure):

@@ -84,8 +84,8 @@ class LlDispatchResult:
     ]  # use_fp8: [E_local, C, H/128] float32, or [E_local, C, H/512] int32 (UE8M0)
     recv_count: "torch.Tensor"  # [E_local] int32: rows [0, recv_count[e]) of expert e are valid
     src_idx: "torch.Tensor"  # [E_local, C] int32: each row's token index on its source rank
-    layout_range: "torch.Tensor"  # [E_local, R] int64: per (expert, source) (begin, count) as two int32s,
-    # begin in the low 32 bits (little-endian LlRange {begin, count}); view(torch.int32) splits them
+    layout_range: "torch.Tensor"  # [E_local, R] int64: per (expert, source) LlRange {int32 count, int32 begin},
+    # as in DeepEP: count = layout_range & 0xFFFFFFFF, begin = layout_range >> 32
     handle: LlHandle
     event: Optional["torch.cuda.Event"]
     receive: Optional[LlReceive]  # with send_only
@@ -185,7 +185,7 @@ class LlBuffer(BufferBase):
                 scales = s.empty((E, C, groups), dtype, device)
         recv_count = s.empty((E,), t.int32, device)
         src_idx = s.empty((E, C), t.int32, device)
-        layout_range = s.empty((E, R), t.int64, device)  # LlRange {int32 begin, int32 count} per entry
+        layout_range = s.empty((E, R), t.int64, device)  # LlRange {int32 count, int32 begin} per entry
         key = (hidden, use_fp8, use_ue8m0)
         if key not in self._checked_sizes:  # the allocations above follow ll.hpp; confirm with the library once
             need = self.output_bytes(use_fp8, use_ue8m0, hidden)

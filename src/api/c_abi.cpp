@@ -203,7 +203,10 @@ epx_status destroy(Owned* object) {
   return guarded([&] { delete object; });
 }
 
-static_assert(sizeof(epx_ll_range) == sizeof(epx::LlRange), "epx_ll_range mirrors epx::LlRange");
+static_assert(sizeof(epx_ll_range) == sizeof(epx::LlRange) &&
+                  offsetof(epx_ll_range, count) == offsetof(epx::LlRange, count) &&
+                  offsetof(epx_ll_range, begin) == offsetof(epx::LlRange, begin),
+              "epx_ll_range mirrors epx::LlRange");
 static_assert(sizeof(epx_unique_id) == sizeof(epx::UniqueId), "epx_unique_id mirrors epx::UniqueId");
 
 }  // namespace

@@ -379,7 +379,7 @@ def check_ll_dispatch(inputs, rank, recv_x, recv_count, handle, fp8_scales=None)
     equal(recv_count, want_counts, "recv_count")
     src_info, layout_range, max_tokens, hidden, experts = handle
     assert (max_tokens, hidden, experts) == (LL_MAX_TOKENS, HIDDEN, EXPERTS)
-    begin, count = layout_range & 0xFFFFFFFF, layout_range >> 32
+    count, begin = layout_range & 0xFFFFFFFF, layout_range >> 32
     equal(torch.stack([begin, count], -1), want_ranges, "layout_range")
     for e in range(E_LOCAL):
         n = int(want_counts[e])

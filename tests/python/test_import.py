@@ -23,7 +23,7 @@ def test_version_is_the_headers():
 def test_library_loads_with_its_nccl_and_cuda_runtime():
     info = epx.library_info()
     assert info["version"] == header_version()
-    assert info["abi_version"] == 1
+    assert info["abi_version"] == 2
     assert info["library"].endswith("libepx.so")
     assert info["nccl_library"] and "libnccl.so" in info["nccl_library"]
     assert info["cuda_runtime_library"] and "libcudart.so" in info["cuda_runtime_library"]

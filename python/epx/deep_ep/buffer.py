@@ -52,10 +52,9 @@ class DispatchHandle:
 class LowLatencyHandle(tuple):
     """DeepEP's LL handle: (src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden, num_experts).
 
-    src_info is [E_local, C] int32, the token index on its source rank, as in DeepEP. layout_range is
-    [E_local, R] int64 as in DeepEP, but packs epx's (begin, count) pair with begin in the low 32 bits and
-    count in the high 32 bits (DeepEP packs count low, begin high):
-    ``begin = layout_range & 0xFFFFFFFF; count = layout_range >> 32``.
+    src_info is [E_local, C] int32, the token index on its source rank, and layout_range [E_local, R] int64,
+    each source rank's rows of each expert packed as in DeepEP:
+    ``count = layout_range & 0xFFFFFFFF; begin = layout_range >> 32``.
     """
 
     def __new__(cls, items, native: LlHandle):

@@ -246,7 +246,7 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
             masked[s] ? PeerWait::masked : settle_word(v, s, stamp, v.expert_counts_of(me, p.set, s) + e, count, e);
         ok = c != PeerWait::failed;
         const int32_t n = c == PeerWait::arrived ? int32_t(core::stamped_value(count)) : 0;
-        p.layout_range[e * R + s] = LlRange{begin, n};
+        p.layout_range[e * R + s] = LlRange{.count = n, .begin = begin};
         begin += n;
       }
       p.recv_count[e] = begin;
