@@ -139,9 +139,10 @@ typedef struct epx_ht_options {
   size_t struct_size;
   int32_t max_tokens_per_rank, hidden, max_topk, num_experts, handle_blocks; /* HtBufferOptions */
   int32_t num_sms;                                                           /* HtConfig; 0: default_ht_config */
+  int32_t combine_output; /* HtBufferOptions::combine_output: 1, or 0 (then every combine passes out) */
 } epx_ht_options;
 #define EPX_HT_OPTIONS_INIT \
-  { sizeof(epx_ht_options), 4096, 7168, 8, 256, 4, 0 }
+  { sizeof(epx_ht_options), 4096, 7168, 8, 256, 4, 0, 1 }
 
 /* Bytes per rank an HT buffer of these options needs on a team of num_ranks (no GPU needed). */
 EPX_API epx_status epx_ht_required_bytes(const epx_ht_options* options, int num_ranks, size_t* out);
@@ -207,14 +208,19 @@ typedef struct epx_ht_combine_args {
   epx_tensor topk_weights;     /* [in, optional] [rows][K] float32 */
   epx_tensor bias;             /* [in, optional] [T][H] bf16 */
   const epx_ht_handle* handle; /* the dispatch this combine reverses */
+  epx_tensor out;              /* [in, optional] [T][H] bf16, row stride H: where the sums go (else the buffer's) */
+  epx_tensor out_weights;      /* [in, optional] [T][K] float32, row stride K, with topk_weights */
 } epx_ht_combine_args;
-#define EPX_HT_COMBINE_ARGS_INIT \
-  { sizeof(epx_ht_combine_args), EPX_TENSOR_NONE, EPX_TENSOR_NONE, EPX_TENSOR_NONE, NULL }
+#define EPX_HT_COMBINE_ARGS_INIT                                                                           \
+  {                                                                                                        \
+    sizeof(epx_ht_combine_args), EPX_TENSOR_NONE, EPX_TENSOR_NONE, EPX_TENSOR_NONE, NULL, EPX_TENSOR_NONE, \
+        EPX_TENSOR_NONE                                                                                    \
+  }
 
 typedef struct epx_ht_combine_result {
   size_t struct_size;
-  epx_tensor x;            /* [out] [T][H] bf16 in the buffer, valid until the next combine is enqueued */
-  epx_tensor topk_weights; /* [out] [T][K] float32 when weights were given, else zeroed */
+  epx_tensor x;            /* [out] [T][H] bf16: args.out, or in the buffer, valid until the next combine is enqueued */
+  epx_tensor topk_weights; /* [out] [T][K] float32 when weights were given (args.out_weights, or the buffer's) */
   cudaEvent_t finished;    /* [out] with async */
 } epx_ht_combine_result;
 #define EPX_HT_COMBINE_RESULT_INIT \

@@ -48,6 +48,9 @@ struct HtBufferOptions {
   // Device copies of routing state (handles) made up front: dispatches inside a CUDA graph capture
   // can only use these (a capture cannot allocate), and each captured one stays with its graph.
   int handle_blocks = 4;
+  // The buffer's own combine output ([max_tokens_per_rank][hidden] bf16, private). Without it every
+  // combine passes HtCombineArgs::out, and the buffer is that much smaller.
+  bool combine_output = true;
 };
 
 // Kernel configuration. Defaults per rank count come from the bench (bench/results/).
@@ -96,11 +99,16 @@ struct HtCombineArgs {
   TensorRef topk_weights;                  // [rows >= N][K] float32, or empty: every rank passes weights, or none does
   TensorRef bias;                          // [T][H] bf16, or empty
   std::shared_ptr<const HtHandle> handle;  // every rank passes the handle of the same dispatch
+  // Where the sums go: [T][H] bf16 with row stride H, 16-byte aligned (and [T][K] float32 with row
+  // stride K for the weights' sums, with topk_weights only). Empty: the buffer's own outputs (out needs
+  // HtBufferOptions::combine_output).
+  TensorRef out;
+  TensorRef out_weights;
 };
 
 struct HtCombineResult {
-  TensorRef x;             // [T][H] bf16, in the buffer: valid until the next combine is enqueued
-  TensorRef topk_weights;  // [T][K] float32 when weights were given
+  TensorRef x;             // [T][H] bf16: args.out, or in the buffer, valid until the next combine is enqueued
+  TensorRef topk_weights;  // [T][K] float32 when weights were given: args.out_weights, or in the buffer
   cudaEvent_t finished = nullptr;
 };
 

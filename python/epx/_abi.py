@@ -109,6 +109,7 @@ class HtOptions(Sized):
         ("num_experts", c_int32),
         ("handle_blocks", c_int32),
         ("num_sms", c_int32),
+        ("combine_output", c_int32),
     ]
 
 
@@ -154,6 +155,8 @@ class HtCombineArgs(Sized):
         ("topk_weights", Tensor),
         ("bias", Tensor),
         ("handle", c_void_p),
+        ("out", Tensor),
+        ("out_weights", Tensor),
     ]
 
 

@@ -3,7 +3,8 @@
 The contract is include/epx/ht.hpp's; this module adds torch tensors, the current CUDA stream and torch
 events. Outputs are views into the buffer (no copy): a dispatch's are valid until the next dispatch on
 the buffer is enqueued, a combine's until the next combine. Pass copy=True for fresh tensors that stay
-valid (one device-to-device copy of each output, on the call's stream).
+valid: a dispatch copies its outputs out of the buffer (one device-to-device copy each, on the call's
+stream); a combine writes its sums straight into fresh tensors (or into `out`), with no copy.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ from .team import Team
 
 
 def ht_options(
-    max_tokens_per_rank: int, hidden: int, max_topk: int, num_experts: int, handle_blocks: int = 4, num_sms: int = 0
+    max_tokens_per_rank: int,
+    hidden: int,
+    max_topk: int,
+    num_experts: int,
+    handle_blocks: int = 4,
+    num_sms: int = 0,
+    combine_output: bool = True,
 ) -> _abi.HtOptions:
     return _abi.HtOptions(
         max_tokens_per_rank=int(max_tokens_per_rank),
@@ -28,6 +35,7 @@ def ht_options(
         num_experts=int(num_experts),
         handle_blocks=int(handle_blocks),
         num_sms=int(num_sms),
+        combine_output=int(bool(combine_output)),
     )
 
 
@@ -84,6 +92,8 @@ class HtBuffer(BufferBase):
     Every call takes: stream (default: the current stream), async_op (run on the buffer's communication
     stream and return a torch.cuda.Event to wait on), previous_event (an event the call waits for).
     Kernels record some errors without a host wait (worst-case form, get_layout): check_errors().
+    combine_output=False makes the buffer without its own combine output (max_tokens_per_rank x hidden
+    bf16): every combine then passes out= or copy=True.
     """
 
     _free_call = "epx_ht_buffer_destroy"
@@ -100,8 +110,9 @@ class HtBuffer(BufferBase):
         num_experts: int = 256,
         handle_blocks: int = 4,
         num_sms: int = 0,
+        combine_output: bool = True,
     ):
-        options = ht_options(max_tokens_per_rank, hidden, max_topk, num_experts, handle_blocks, num_sms)
+        options = ht_options(max_tokens_per_rank, hidden, max_topk, num_experts, handle_blocks, num_sms, combine_output)
         self._create(team, options)
 
     @staticmethod
@@ -113,9 +124,10 @@ class HtBuffer(BufferBase):
         max_topk: int = 8,
         num_experts: int = 256,
         handle_blocks: int = 4,
+        combine_output: bool = True,
     ) -> int:
         """Device bytes per rank of such a buffer (host arithmetic only; no GPU needed)."""
-        options = ht_options(max_tokens_per_rank, hidden, max_topk, num_experts, handle_blocks)
+        options = ht_options(max_tokens_per_rank, hidden, max_topk, num_experts, handle_blocks, 0, combine_output)
         return _abi.out_size("epx_ht_required_bytes", ctypes.byref(options), int(num_ranks))
 
     @staticmethod
@@ -231,31 +243,44 @@ class HtBuffer(BufferBase):
         *,
         topk_weights=None,
         bias=None,
+        out=None,
+        out_weights=None,
         copy: bool = False,
         streams: Optional[CallStreams] = None,
         **stream_args,
     ) -> HtCombineResult:
-        """Collective: out[t] = sum over the ranks that received token t of y's row for it (+ bias)."""
+        """Collective: x[t] = sum over the ranks that received token t of y's row for it (+ bias).
+
+        x goes into `out` ([T, H] bf16, contiguous) when given, else into a fresh tensor with copy=True,
+        else into the buffer (a view, valid until the next combine). The weights' sums likewise
+        (out_weights, [T, K] float32)."""
         if not isinstance(handle, HtHandle) or handle.buffer is not self:
             raise ValueError("epx: combine needs the HtHandle of a dispatch on this buffer")
+        t = torch()
         s = streams or self.streams(**stream_args)
         device = self.team.device
+        y_ref = as_matrix(y, "y", device)
+        if copy and out is None:
+            out = s.empty((handle.num_tokens, y_ref.cols), t.bfloat16, device)
+        if copy and out_weights is None and topk_weights is not None:
+            out_weights = s.empty((handle.num_tokens, handle.topk), t.float32, device)
         args = _abi.HtCombineArgs(
-            y=as_matrix(y, "y", device),
+            y=y_ref,
             topk_weights=as_optional_matrix(topk_weights, "topk_weights", device),
             bias=as_optional_matrix(bias, "bias", device),
             handle=handle._native,
+            out=as_optional_matrix(out, "out", device),
+            out_weights=as_optional_matrix(out_weights, "out_weights", device),
         )
         result = _abi.HtCombineResult()
         native_streams = s.native()
         _abi.call(
             "epx_ht_combine", self._require(), ctypes.byref(args), ctypes.byref(native_streams), ctypes.byref(result)
         )
-        x = matrix_view(result.x, device, self)
-        weights = matrix_view(result.topk_weights, device, self) if result.topk_weights.data else None
-        if copy:
-            x = s.copy(x, device)
-            weights = s.copy(weights, device) if weights is not None else None
+        x = out if out is not None else matrix_view(result.x, device, self)
+        weights = None
+        if topk_weights is not None:
+            weights = out_weights if out_weights is not None else matrix_view(result.topk_weights, device, self)
         event = s.finish((y, topk_weights, bias, x, weights))
         return HtCombineResult(x, weights, event)
 

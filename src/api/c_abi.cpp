@@ -144,7 +144,9 @@ epx::Streams to_streams(const epx_streams* s) {
 }
 
 epx::HtBufferOptions to_ht_options(const epx_ht_options& o) {
-  return epx::HtBufferOptions{o.max_tokens_per_rank, o.hidden, o.max_topk, o.num_experts, o.handle_blocks};
+  epx::HtBufferOptions options{o.max_tokens_per_rank, o.hidden, o.max_topk, o.num_experts, o.handle_blocks};
+  options.combine_output = o.combine_output != 0;
+  return options;
 }
 
 epx::LlBufferOptions to_ll_options(const epx_ll_options& o) {
@@ -422,6 +424,8 @@ epx_status epx_ht_combine(epx_ht_buffer* buffer, const epx_ht_combine_args* args
     c.topk_weights = to_ref(a.topk_weights, "topk_weights");
     c.bias = to_ref(a.bias, "bias");
     if (a.handle != nullptr) c.handle = a.handle->handle;  // a missing handle is the C++ layer's to report
+    c.out = to_ref(a.out, "out");
+    c.out_weights = to_ref(a.out_weights, "out_weights");
     const epx::HtCombineResult r = b.combine(c, to_streams(streams));
     epx_ht_combine_result out{};
     out.x = from_ref(r.x);

@@ -59,7 +59,7 @@ struct HtBuffer::Impl {
   static_assert(sizeof(Counters) % 16 == 0, "the layout scratch follows the counters, 16-byte aligned");
   Counters* counters = nullptr;
   kh::LayoutScratch layout_scratch{};
-  uint16_t* combine_out = nullptr;       // [T_max][H]
+  uint16_t* combine_out = nullptr;       // [T_max][H] with options.combine_output, else null
   float* combine_out_weights = nullptr;  // [T_max][K_max]
   std::size_t private_bytes = 0;
   std::shared_ptr<HtHandlePool> handles;
@@ -220,7 +220,7 @@ void check_options(const HtBufferOptions& options, int R) {
 }
 
 // Device memory private to one rank: the kernels' zeroed words (Impl::Counters, then the layout
-// kernel's scratch), and the combine output with its weights.
+// kernel's scratch), and the combine outputs (the rows' only with options.combine_output).
 struct PrivateBytes {
   std::size_t zeroed, combine_out, combine_out_weights;
   std::size_t total() const { return zeroed + combine_out + combine_out_weights; }
@@ -230,7 +230,7 @@ PrivateBytes private_bytes(const HtBufferOptions& options, int R) {
   const std::size_t T = options.max_tokens_per_rank;
   return PrivateBytes{
       sizeof(HtBuffer::Impl::Counters) + kh::layout_scratch_bytes(options.max_tokens_per_rank, R, options.num_experts),
-      T * options.hidden * 2, T * options.max_topk * sizeof(float)};
+      options.combine_output ? T * options.hidden * 2 : 0, T * options.max_topk * sizeof(float)};
 }
 
 }  // namespace
@@ -263,8 +263,10 @@ HtBuffer::HtBuffer(Team& team, const HtBufferOptions& options, const HtConfig& c
              "cudaMemsetAsync(HT CTA counters)");
   impl_->layout_scratch =
       kh::layout_scratch(impl_->counters + 1, options.max_tokens_per_rank, R, options.num_experts, team.impl().view());
-  check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out), sizes.combine_out),
-             "cudaMalloc(HT combine output)");
+  if (sizes.combine_out > 0) {
+    check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out), sizes.combine_out),
+               "cudaMalloc(HT combine output)");
+  }
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&impl_->combine_out_weights), sizes.combine_out_weights),
              "cudaMalloc(HT combine weights)");
   impl_->private_bytes = sizes.total();
@@ -484,6 +486,22 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
               "topk_weights is the buffer's combine input, so it must be the dense view combine_input_weights() "
               "returned");
   core::check_optional_tensor(args.bias, {"bias", {ScalarType::bf16}, handle.num_tokens, H, true, 16});
+  // The kernel writes row t of the sums at out + t * H (and of the weights' at out_weights + t * K).
+  core::check_optional_tensor(args.out, {"out", {ScalarType::bf16}, handle.num_tokens, H, true, 16});
+  EPX_REQUIRE(args.out.empty() || args.out.row_stride == H || handle.num_tokens <= 1,
+              "out must have row stride H (" + std::to_string(H) + "), got " + std::to_string(args.out.row_stride));
+  core::check_optional_tensor(args.out_weights,
+                              {"out_weights", {ScalarType::float32}, handle.num_tokens, handle.topk, true, 4});
+  EPX_REQUIRE(args.out_weights.empty() || weights, "out_weights is given, topk_weights is not");
+  EPX_REQUIRE(args.out_weights.empty() || args.out_weights.row_stride == handle.topk || handle.num_tokens <= 1,
+              "out_weights must have row stride K (" + std::to_string(handle.topk) + "), got " +
+                  std::to_string(args.out_weights.row_stride));
+  EPX_REQUIRE(!args.out.empty() || im.combine_out != nullptr || handle.num_tokens == 0,
+              "out is needed: this buffer was made without its own combine output (HtBufferOptions::combine_output)");
+  uint16_t* out = args.out.empty() ? im.combine_out : static_cast<uint16_t*>(args.out.data);
+  float* out_weights = !weights                   ? nullptr
+                       : args.out_weights.empty() ? im.combine_out_weights
+                                                  : static_cast<float*>(args.out_weights.data);
 
   const cudaStream_t stream = im.calls.begin(streams, "HT");
   kh::CombineArgs c{};
@@ -495,8 +513,8 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   c.weights_row_stride = args.topk_weights.row_stride;
   c.bias = static_cast<const uint16_t*>(args.bias.data);
   c.bias_row_stride = args.bias.row_stride;
-  c.out = im.combine_out;
-  c.out_weights = weights ? im.combine_out_weights : nullptr;
+  c.out = out;
+  c.out_weights = out_weights;
   c.num_rows = handle.num_rows;
   c.num_tokens = handle.num_tokens;
   c.topk = handle.topk;
@@ -512,10 +530,9 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   handle.mark_use(stream);
 
   HtCombineResult result;
-  result.x = TensorRef::matrix(im.combine_out, ScalarType::bf16, handle.num_tokens, H);
-  if (c.out_weights != nullptr) {
-    result.topk_weights =
-        TensorRef::matrix(im.combine_out_weights, ScalarType::float32, handle.num_tokens, handle.topk);
+  result.x = TensorRef::matrix(out, ScalarType::bf16, handle.num_tokens, H);
+  if (out_weights != nullptr) {
+    result.topk_weights = TensorRef::matrix(out_weights, ScalarType::float32, handle.num_tokens, handle.topk);
   }
   result.finished = im.calls.end(streams, stream);
   return result;

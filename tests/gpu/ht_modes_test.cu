@@ -53,26 +53,35 @@ void async_round(const std::vector<Expected>& expected, Team& team, cudaStream_t
 }
 
 // Captures a worst-case dispatch and a combine once, then replays the graph with each case's inputs
-// copied into the captured input buffers.
+// copied into the captured input buffers. The combine writes its sums where the caller says (a buffer
+// made without its own combine output, as a graph that keeps its outputs in its own memory would).
 void graph_rounds(const std::vector<Expected>& expected, Team& team, cudaStream_t stream) {
   const int rank = team.rank();
   const int64_t worst = int64_t(team.size()) * kCase.T;
   RankInputs in = upload_inputs(kCase, expected[0].tokens[rank]);
   DeviceArray y(std::size_t(worst) * kCase.H * 2), yw(std::size_t(worst) * kCase.K * 4);
   DeviceArray bias(std::size_t(kCase.T) * kCase.H * 2);
-  HtBuffer buffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, kCase.E});
+  DeviceArray out(std::size_t(kCase.T) * kCase.H * 2), out_weights(std::size_t(kCase.T) * kCase.K * 4);
+  HtBufferOptions options{kCase.T, kCase.H, kCase.K, kCase.E};
+  options.combine_output = false;
+  HtBuffer buffer(team, options);
 
   HtDispatchArgs args = in.args;
   args.num_worst_tokens = worst;
+  HtCombineArgs combine_args;
+  combine_args.y = TensorRef::matrix(y.data, ScalarType::bf16, worst, kCase.H);
+  combine_args.topk_weights = TensorRef::matrix(yw.data, ScalarType::float32, worst, kCase.K);
+  combine_args.bias = TensorRef::matrix(bias.data, ScalarType::bf16, kCase.T, kCase.H);
+  combine_args.out = TensorRef::matrix(out.data, ScalarType::bf16, kCase.T, kCase.H);
+  combine_args.out_weights = TensorRef::matrix(out_weights.data, ScalarType::float32, kCase.T, kCase.K);
   cudaGraph_t graph;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   const HtDispatchResult d = buffer.dispatch(args, HtStreams{stream});
-  const HtCombineResult c =
-      buffer.combine(HtCombineArgs{TensorRef::matrix(y.data, ScalarType::bf16, worst, kCase.H),
-                                   TensorRef::matrix(yw.data, ScalarType::float32, worst, kCase.K),
-                                   TensorRef::matrix(bias.data, ScalarType::bf16, kCase.T, kCase.H), d.handle},
-                     HtStreams{stream});
+  combine_args.handle = d.handle;
+  const HtCombineResult c = buffer.combine(combine_args, HtStreams{stream});
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(c.x.data, out.data);
+  EXPECT_EQ(c.topk_weights.data, out_weights.data);
   cudaGraphExec_t exec;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
 
@@ -185,6 +194,49 @@ TEST(HtValidation, BadArgumentsAndInvalidExpertIds) {
     expect_error(ErrorKind::invalid_argument,
                  {rank == 1 ? "topk_idx[5][2] = " + std::to_string(kCase.E) : std::string("rank 1 passed")},
                  [&] { submit_together([&] { buffer.dispatch(in.args, on); }); });
+  });
+}
+
+// A buffer made without its own combine output is that much smaller, and its combines write where the
+// caller says: without `out`, or with an `out` of another shape, they are refused before any launch.
+TEST(HtValidation, CombineIntoTheCallersOutput) {
+  const auto expected = expected_rounds(2, 1);
+  on_single_gpu_team(2, TeamOptions{}, [&](Team& team, cudaStream_t stream) {
+    const int rank = team.rank();
+    const Expected& x = expected[0];
+    RankInputs in = upload_inputs(kCase, x.tokens[rank]);
+    const int64_t N = x.dispatch.recv[rank].num_recv_tokens;
+    CombineInputs combine = upload_combine_inputs(kCase, x, rank, N, kCase.H, kCase.K);
+    DeviceArray out(std::size_t(kCase.T + 1) * kCase.H * 2), out_weights(std::size_t(kCase.T) * kCase.K * 4);
+    HtBufferOptions options{kCase.T, kCase.H, kCase.K, kCase.E};
+    const std::size_t with_output = HtBuffer::required_bytes(options, team.size());
+    options.combine_output = false;
+    EXPECT_EQ(with_output - HtBuffer::required_bytes(options, team.size()), std::size_t(kCase.T) * kCase.H * 2);
+    HtBuffer buffer(team, options);
+    const HtDispatchResult d = submit_together([&] { return buffer.dispatch(in.args, HtStreams{stream}); });
+    ASSERT_NO_FATAL_FAILURE(complete(team, stream));
+
+    const HtStreams on{stream};
+    HtCombineArgs a = combine.args;
+    a.handle = d.handle;
+    expect_error(ErrorKind::invalid_argument, {"out is needed"}, [&] { buffer.combine(a, on); });
+    a.out = TensorRef{out.data, ScalarType::bf16, kCase.T, kCase.H, kCase.H + 8, 1};
+    expect_error(ErrorKind::invalid_argument, {"out must have row stride H"}, [&] { buffer.combine(a, on); });
+    a.out = TensorRef::matrix(out.data, ScalarType::bf16, kCase.T - 1, kCase.H);
+    expect_error(ErrorKind::invalid_argument, {"out must have " + std::to_string(kCase.T) + " rows"},
+                 [&] { buffer.combine(a, on); });
+    a.out = TensorRef::matrix(out.data, ScalarType::bf16, kCase.T, kCase.H);
+    a.out_weights = TensorRef::matrix(out_weights.data, ScalarType::float32, kCase.T, kCase.K);
+    HtCombineArgs unweighted = a;
+    unweighted.topk_weights = {};
+    expect_error(ErrorKind::invalid_argument, {"out_weights is given, topk_weights is not"},
+                 [&] { buffer.combine(unweighted, on); });
+
+    const HtCombineResult c = submit_together([&] { return buffer.combine(a, on); });
+    ASSERT_NO_FATAL_FAILURE(complete(team, stream));
+    EXPECT_EQ(c.x.data, out.data);
+    EXPECT_EQ(c.topk_weights.data, out_weights.data);
+    check_combine(kCase, rank, c, x.combine[rank]);
   });
 }
 

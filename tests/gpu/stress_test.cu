@@ -217,9 +217,11 @@ void ht_exchange(const Iteration& it, Rig& rig, int rank, cudaStream_t stream) {
   copy_to_device(a.y.data, x.y[rank].y.data);
   copy_to_device(a.y_weights.data, x.y[rank].topk_weights.data);
   copy_to_device(a.bias.data, x.bias[rank].data);
-  const HtCombineArgs args{TensorRef::matrix(a.y.data, ScalarType::bf16, N, c.H),
-                           TensorRef::matrix(a.y_weights.data, ScalarType::float32, N, c.K),
-                           TensorRef::matrix(a.bias.data, ScalarType::bf16, c.T, c.H), got.handle};
+  HtCombineArgs args;
+  args.y = TensorRef::matrix(a.y.data, ScalarType::bf16, N, c.H);
+  args.topk_weights = TensorRef::matrix(a.y_weights.data, ScalarType::float32, N, c.K);
+  args.bias = TensorRef::matrix(a.bias.data, ScalarType::bf16, c.T, c.H);
+  args.handle = got.handle;
   const HtCombineResult out = submit_together([&] { return rig.ht.combine(args, HtStreams{stream}); });
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   rig.ht.check_errors();

@@ -579,6 +579,11 @@ def native_buffer(ctx):
         y.copy_((got.recv_x.float() * rank_scale(ctx.rank)).bfloat16())
         out = buffer.combine(y, got.handle, copy=True)
         close(out.x, ref_ht_combine(inputs, ctx.rank, rank_scale), "epx combine (in place)")
+        # the sums written where the caller says
+        mine = torch.full((x.size(0), HIDDEN), float("nan"), dtype=torch.bfloat16, device=x.device)
+        again = buffer.combine(y, got.handle, out=mine)
+        assert again.x is mine
+        equal(mine, out.x, "epx combine into out")
         # async with an event
         got = buffer.dispatch(x, topk, w, copy=True, async_op=True)
         torch.cuda.current_stream().wait_event(got.event)

@@ -59,7 +59,9 @@ def test_a_struct_from_a_newer_header_is_refused():
 
 def test_a_struct_from_an_older_header_keeps_the_defaults_of_the_fields_it_lacks():
     # An older caller that knew only struct_size and max_tokens_per_rank: the rest are EPX_HT_OPTIONS_INIT's.
-    full = _abi.HtOptions(max_tokens_per_rank=64, hidden=7168, max_topk=8, num_experts=256, handle_blocks=4)
+    full = _abi.HtOptions(
+        max_tokens_per_rank=64, hidden=7168, max_topk=8, num_experts=256, handle_blocks=4, combine_output=1
+    )
     short = _abi.HtOptions(max_tokens_per_rank=64)
     short.struct_size = 12  # size_t + one int32
     a = _abi.out_size("epx_ht_required_bytes", ctypes.byref(full), 2)

@@ -7,8 +7,10 @@ from epx import deep_ep
 from epx.deep_ep.buffer import Buffer as DeepEpBuffer
 
 
-def ht_bytes(R, T, H=7168, K=8, E=256):
-    return epx.HtBuffer.required_bytes(R, max_tokens_per_rank=T, hidden=H, max_topk=K, num_experts=E)
+def ht_bytes(R, T, H=7168, K=8, E=256, combine_output=True):
+    return epx.HtBuffer.required_bytes(
+        R, max_tokens_per_rank=T, hidden=H, max_topk=K, num_experts=E, combine_output=combine_output
+    )
 
 
 def test_ht_bytes_per_token_worked_by_hand():
@@ -23,6 +25,8 @@ def test_ht_bytes_per_token_worked_by_hand():
     per_layout_tile = 8 * R + 4 * E
     assert ht_bytes(R, 4096 + 256) - ht_bytes(R, 4096) == 256 * per_token + per_layout_tile
     assert ht_bytes(R, 4096 + 512) - ht_bytes(R, 4096 + 256) == 256 * per_token + per_layout_tile
+    # Without its own combine output (the caller gives combine an `out`), 2H less per token.
+    assert ht_bytes(R, 4096) - ht_bytes(R, 4096, combine_output=False) == 4096 * 2 * H
 
 
 def test_ht_bytes_grow_with_ranks_tokens_hidden():
@@ -34,18 +38,20 @@ def test_ht_bytes_grow_with_ranks_tokens_hidden():
 def test_nvl_hint_holds_the_documented_tokens():
     config = deep_ep.config
     assert (config.HT_HINT_TOKENS_PER_RANK, config.HT_HINT_TOPK) == (4096, 8)
+    # deep_ep.Buffer's HT buffer has no combine output of its own: its combines write into fresh tensors.
     hint = deep_ep.Config(24).get_nvl_buffer_size_hint(7168 * 2, 2)
-    assert hint == ht_bytes(2, 4096, E=1024)
+    assert hint == ht_bytes(2, 4096, E=1024, combine_output=False)
     assert deep_ep.Config().get_rdma_buffer_size_hint(7168 * 2, 2) == 0
     # An FP8 caller's hidden_bytes (hidden * 1) still gets room for BF16 rows of that hidden size.
-    assert deep_ep.Config().get_nvl_buffer_size_hint(7168, 2) == ht_bytes(2, 4096, H=3584, E=1024)
+    assert deep_ep.Config().get_nvl_buffer_size_hint(7168, 2) == ht_bytes(2, 4096, H=3584, E=1024, combine_output=False)
     # The common models' expert counts at every team size: 4096 tokens of top-8 fit, with little to spare.
     for R in (1, 2, 3, 4, 8, 16):
         hint = deep_ep.Config().get_nvl_buffer_size_hint(7168 * 2, R)
         assert config.hint_experts(R) % R == 0
         for E in (128, 160, 256, 384, 1024):
             if E % R == 0:
-                assert ht_bytes(R, 4096, E=E) <= hint < 1.001 * ht_bytes(R, 4096, E=E), (R, E)
+                need = ht_bytes(R, 4096, E=E, combine_output=False)
+                assert need <= hint < 1.001 * need, (R, E)
     assert config.hint_experts(16) == 2048  # 128 a rank where that is more
 
 
@@ -71,9 +77,16 @@ def test_hint_arguments_are_checked():
 
 def test_tokens_per_rank_are_the_most_that_fit_in_num_nvl_bytes():
     buffer = DeepEpBuffer.__new__(DeepEpBuffer)  # only the sizing, no team
-    for budget in (ht_bytes(2, 1000), ht_bytes(2, 1000) + 1, ht_bytes(2, 1001) - 1, ht_bytes(2, 4096)):
+
+    def need(T, R=2):
+        return ht_bytes(R, T, combine_output=False)
+
+    for budget in (need(1000), need(1000) + 1, need(1001) - 1, need(4096)):
         buffer.num_nvl_bytes = budget
         tokens = buffer._ht_tokens_within(2, 7168, 8, 256)
-        assert ht_bytes(2, tokens) <= budget < ht_bytes(2, tokens + 1)
-    buffer.num_nvl_bytes = ht_bytes(2, 1) - 1
+        assert need(tokens) <= budget < need(tokens + 1)
+    buffer.num_nvl_bytes = need(1) - 1
     assert buffer._ht_tokens_within(2, 7168, 8, 256) == 0
+    # DeepEP's own intranode test gives 1e9 bytes for 4096 tokens a rank on 8 ranks: they fit.
+    buffer.num_nvl_bytes = int(1e9)
+    assert buffer._ht_tokens_within(8, 7168, 8, 256) >= 4096

@@ -25,7 +25,7 @@ from .._torch import CallStreams, check_device, torch
 from ..ht import HtBuffer, HtHandle
 from ..ll import LlBuffer, LlHandle
 from ..team import Team
-from .config import Config
+from .config import Config, ht_buffer_bytes
 from .utils import EventHandle, EventOverlap
 
 # Top-k the LL buffer is made for when the call's is smaller (a later call up to it needs no new buffer;
@@ -270,9 +270,7 @@ class Buffer:
         topk = max(topk, HT_DEFAULT_TOPK)
         tokens = self._ht_tokens_within(team.size, hidden, topk, num_experts)
         if tokens < 1:
-            need = HtBuffer.required_bytes(
-                team.size, max_tokens_per_rank=1, hidden=hidden, max_topk=topk, num_experts=num_experts
-            )
+            need = ht_buffer_bytes(team.size, 1, hidden, topk, num_experts)
             raise ValueError(
                 f"epx: num_nvl_bytes={self.num_nvl_bytes} is too small for HT calls of hidden {hidden}, "
                 f"top-{topk}, {num_experts} experts (one token per rank needs {need} bytes)"
@@ -287,6 +285,7 @@ class Buffer:
             max_topk=topk,
             num_experts=num_experts,
             num_sms=Buffer.num_sms,
+            combine_output=False,  # every combine writes into a fresh tensor
         )
         self._ht_num_sms = Buffer.num_sms
         return self._ht
@@ -295,9 +294,7 @@ class Buffer:
         """The most tokens per rank whose HT buffer fits in num_nvl_bytes (0 if not even one)."""
 
         def need(tokens: int) -> int:
-            return HtBuffer.required_bytes(
-                num_ranks, max_tokens_per_rank=tokens, hidden=hidden, max_topk=topk, num_experts=num_experts
-            )
+            return ht_buffer_bytes(num_ranks, tokens, hidden, topk, num_experts)
 
         if need(1) > self.num_nvl_bytes:
             return 0
@@ -447,13 +444,7 @@ class Buffer:
             )
         buffer = self._ht_for(x.size(1), topk_idx.size(1), num_experts)
         if x.size(0) > buffer.max_tokens_per_rank:
-            need = HtBuffer.required_bytes(
-                team.size,
-                max_tokens_per_rank=x.size(0),
-                hidden=buffer.hidden,
-                max_topk=buffer.max_topk,
-                num_experts=num_experts,
-            )
+            need = ht_buffer_bytes(team.size, x.size(0), buffer.hidden, buffer.max_topk, num_experts)
             raise ValueError(
                 f"epx: num_nvl_bytes={self.num_nvl_bytes} holds {buffer.max_tokens_per_rank} tokens per "
                 f"rank for these shapes (epx keeps every received token); this dispatch has {x.size(0)}: "

@@ -16,6 +16,21 @@ HT_HINT_EXPERTS = 1024
 HT_HINT_EXPERTS_PER_RANK = 128
 
 
+def ht_buffer_bytes(num_ranks: int, tokens: int, hidden: int, topk: int, num_experts: int) -> int:
+    """Bytes per rank of the HT buffer Buffer makes for these shapes. Its combines write into fresh
+    tensors, so it has no combine output of its own (epx.HtBuffer's combine_output=False)."""
+    from ..ht import HtBuffer
+
+    return HtBuffer.required_bytes(
+        int(num_ranks),
+        max_tokens_per_rank=tokens,
+        hidden=hidden,
+        max_topk=topk,
+        num_experts=num_experts,
+        combine_output=False,
+    )
+
+
 def hint_experts(num_ranks: int) -> int:
     """The expert count the HT hint is sized for: at least HT_HINT_EXPERTS (made a multiple of the ranks)
     and HT_HINT_EXPERTS_PER_RANK a rank."""
@@ -42,18 +57,12 @@ class Config:
     def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
         """Bytes of num_nvl_bytes for HT calls of hidden_bytes per token (hidden * 2 for BF16), sized for
         HT_HINT_TOKENS_PER_RANK tokens per rank, top-HT_HINT_TOPK, hint_experts(num_ranks) experts (see above)."""
-        from ..ht import HtBuffer
-
         if int(hidden_bytes) <= 0 or int(num_ranks) < 1:
             raise ValueError(f"epx: need hidden_bytes > 0 and num_ranks >= 1, got {hidden_bytes}, {num_ranks}")
         hidden = -(-int(hidden_bytes) // 2)  # BF16 elements, the widest payload epx moves
         hidden = -(-hidden // 128) * 128
-        return HtBuffer.required_bytes(
-            int(num_ranks),
-            max_tokens_per_rank=HT_HINT_TOKENS_PER_RANK,
-            hidden=hidden,
-            max_topk=HT_HINT_TOPK,
-            num_experts=hint_experts(int(num_ranks)),
+        return ht_buffer_bytes(
+            int(num_ranks), HT_HINT_TOKENS_PER_RANK, hidden, HT_HINT_TOPK, hint_experts(int(num_ranks))
         )
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
