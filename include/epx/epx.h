@@ -202,6 +202,22 @@ typedef struct epx_ht_dispatch_result {
 EPX_API epx_status epx_ht_dispatch(epx_ht_buffer* buffer, const epx_ht_dispatch_args* args, const epx_streams* streams,
                                    epx_ht_dispatch_result* result);
 
+/* HtDispatchCopies: [in, optional] each (caller memory) gets the output of its name */
+typedef struct epx_ht_dispatch_copies {
+  size_t struct_size;
+  epx_tensor recv_x, recv_x_scales, recv_src_idx, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert;
+} epx_ht_dispatch_copies;
+#define EPX_HT_DISPATCH_COPIES_INIT                                                                     \
+  {                                                                                                     \
+    sizeof(epx_ht_dispatch_copies), EPX_TENSOR_NONE, EPX_TENSOR_NONE, EPX_TENSOR_NONE, EPX_TENSOR_NONE, \
+        EPX_TENSOR_NONE, EPX_TENSOR_NONE                                                                \
+  }
+
+/* Local (not collective): the latest dispatch's outputs into caller memory, ordered as a call on the
+ * buffer. *finished (may be NULL when not async) gets the async event, else NULL. */
+EPX_API epx_status epx_ht_copy_dispatch_outputs(epx_ht_buffer* buffer, const epx_ht_dispatch_copies* to,
+                                                const epx_streams* streams, cudaEvent_t* finished);
+
 typedef struct epx_ht_combine_args {
   size_t struct_size;
   epx_tensor y;                /* [rows >= N][H] bf16 */

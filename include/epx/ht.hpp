@@ -94,6 +94,13 @@ struct HtDispatchResult {
   cudaEvent_t finished = nullptr;                        // with HtStreams::async
 };
 
+// Caller memory that copy_dispatch_outputs fills: each tensor given gets the output of its name of the
+// buffer's latest dispatch (the same type and shape; any row stride, contiguous columns); the empty ones
+// are skipped.
+struct HtDispatchCopies {
+  TensorRef recv_x, recv_x_scales, recv_src_idx, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert;
+};
+
 struct HtCombineArgs {
   TensorRef y;                             // [rows >= N][H] bf16, row i for received row i
   TensorRef topk_weights;                  // [rows >= N][K] float32, or empty: every rank passes weights, or none does
@@ -124,6 +131,11 @@ class EPX_API HtBuffer {
   // id is reported by the next get_layout or check_errors().
   cudaEvent_t get_layout(const TensorRef& topk_idx, const HtLayout& out, const HtStreams& streams);
   HtDispatchResult dispatch(const HtDispatchArgs& args, const HtStreams& streams);
+  // Local (not collective). Copies the outputs of the latest dispatch on this buffer into caller memory,
+  // ordered as a call on this buffer is (after that dispatch, before the next call, whatever the
+  // streams), so the copies stay valid when the next dispatch rewrites the views. Returns HtStreams'
+  // `finished` event with async, else null.
+  cudaEvent_t copy_dispatch_outputs(const HtDispatchCopies& to, const HtStreams& streams);
   HtCombineResult combine(const HtCombineArgs& args, const HtStreams& streams);
 
   // Where the other ranks' combines read y from: [rows][hidden] bf16 (and [rows][topk] float32

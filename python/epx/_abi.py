@@ -130,22 +130,32 @@ class HtDispatchArgs(Sized):
     ]
 
 
+# The dispatch's outputs, in the order epx_ht_dispatch_result and epx_ht_dispatch_copies list them.
+HT_DISPATCH_OUTPUTS = (
+    "recv_x",
+    "recv_x_scales",
+    "recv_src_idx",
+    "recv_topk_idx",
+    "recv_topk_weights",
+    "num_recv_tokens_per_expert",
+)
+
+
 class HtDispatchResult(Sized):
     _fields_ = [
         ("struct_size", c_size_t),
         ("num_rows", c_int64),
         ("num_recv_tokens", c_int64),
-        ("recv_x", Tensor),
-        ("recv_x_scales", Tensor),
-        ("recv_src_idx", Tensor),
-        ("recv_topk_idx", Tensor),
-        ("recv_topk_weights", Tensor),
-        ("num_recv_tokens_per_expert", Tensor),
+        *((name, Tensor) for name in HT_DISPATCH_OUTPUTS),
         ("num_recv_tokens_per_expert_host", POINTER(c_int32)),
         ("num_recv_tokens_per_expert_host_valid", c_int32),
         ("handle", c_void_p),
         ("finished", c_void_p),
     ]
+
+
+class HtDispatchCopies(Sized):
+    _fields_ = [("struct_size", c_size_t), *((name, Tensor) for name in HT_DISPATCH_OUTPUTS)]
 
 
 class HtCombineArgs(Sized):
@@ -265,6 +275,7 @@ STRUCTS = {
     "epx_ht_layout": HtLayout,
     "epx_ht_dispatch_args": HtDispatchArgs,
     "epx_ht_dispatch_result": HtDispatchResult,
+    "epx_ht_dispatch_copies": HtDispatchCopies,
     "epx_ht_combine_args": HtCombineArgs,
     "epx_ht_combine_result": HtCombineResult,
     "epx_ll_options": LlOptions,
@@ -307,6 +318,7 @@ _PROTOTYPES = {
     "epx_ht_handle_release": (c_int, [_p]),
     "epx_ht_get_layout": (c_int, [_p, POINTER(Tensor), POINTER(HtLayout), POINTER(Streams), POINTER(_p)]),
     "epx_ht_dispatch": (c_int, [_p, POINTER(HtDispatchArgs), POINTER(Streams), POINTER(HtDispatchResult)]),
+    "epx_ht_copy_dispatch_outputs": (c_int, [_p, POINTER(HtDispatchCopies), POINTER(Streams), POINTER(_p)]),
     "epx_ht_combine": (c_int, [_p, POINTER(HtCombineArgs), POINTER(Streams), POINTER(HtCombineResult)]),
     "epx_ht_combine_input": (c_int, [_p, c_int64, c_int64, POINTER(Tensor)]),
     "epx_ht_combine_input_weights": (c_int, [_p, c_int64, c_int64, POINTER(Tensor)]),

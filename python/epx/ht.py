@@ -3,8 +3,9 @@
 The contract is include/epx/ht.hpp's; this module adds torch tensors, the current CUDA stream and torch
 events. Outputs are views into the buffer (no copy): a dispatch's are valid until the next dispatch on
 the buffer is enqueued, a combine's until the next combine. Pass copy=True for fresh tensors that stay
-valid: a dispatch copies its outputs out of the buffer (one device-to-device copy each, on the call's
-stream); a combine writes its sums straight into fresh tensors (or into `out`), with no copy.
+valid: a dispatch copies its outputs out of the buffer (one library call, ordered after the dispatch and
+before the next call on the buffer, whatever the streams); a combine writes its sums straight into fresh
+tensors (or into `out`), with no copy.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import List, Optional
 
 from . import _abi
 from ._native import BufferBase, NativeObject
-from ._torch import CallStreams, as_matrix, as_optional_matrix, matrix_view, torch
+from ._torch import CallStreams, as_matrix, as_optional_matrix, matrix_view, torch, torch_dtype
 from .team import Team
 
 
@@ -84,6 +85,10 @@ class HtCombineResult:
     x: "torch.Tensor"  # [T, H] bf16
     topk_weights: Optional["torch.Tensor"]  # [T, K] float32 when weights were given
     event: Optional["torch.cuda.Event"]
+
+
+def _present(ref: _abi.Tensor) -> bool:
+    return bool(ref.data) or ref.rows != 0 or ref.cols != 0
 
 
 class HtBuffer(BufferBase):
@@ -196,23 +201,15 @@ class HtBuffer(BufferBase):
             "epx_ht_dispatch", self._require(), ctypes.byref(args), ctypes.byref(native_streams), ctypes.byref(result)
         )
         handle = HtHandle(result.handle, self, x.size(0), result.num_rows, topk_idx.size(1), int(expert_alignment))
-
-        def out(ref):
-            if not ref.data and ref.rows == 0 and ref.cols == 0:
-                return None
-            view = matrix_view(ref, device, self)
-            return s.copy(view, device) if copy else view
-
-        recv_src_idx = out(result.recv_src_idx)
-        # The device counts live in the handle's block of the pool: the view keeps the handle alive.
-        counts = matrix_view(result.num_recv_tokens_per_expert, device, handle).reshape(-1)
+        outputs = self._copied_outputs(result, s) if copy else self._output_views(result, handle)
+        recv_src_idx = outputs["recv_src_idx"]
         dispatched = HtDispatchResult(
-            recv_x=out(result.recv_x),
-            recv_x_scales=out(result.recv_x_scales),
+            recv_x=outputs["recv_x"],
+            recv_x_scales=outputs["recv_x_scales"],
             recv_src_idx=recv_src_idx.reshape(-1) if recv_src_idx is not None else None,
-            recv_topk_idx=out(result.recv_topk_idx),
-            recv_topk_weights=out(result.recv_topk_weights),
-            num_recv_tokens_per_expert=s.copy(counts, device) if copy else counts,
+            recv_topk_idx=outputs["recv_topk_idx"],
+            recv_topk_weights=outputs["recv_topk_weights"],
+            num_recv_tokens_per_expert=outputs["num_recv_tokens_per_expert"].reshape(-1),
             num_recv_tokens_per_expert_list=(
                 host_counts[:E_local] if result.num_recv_tokens_per_expert_host_valid else None
             ),
@@ -235,6 +232,44 @@ class HtBuffer(BufferBase):
             )
         )
         return dispatched
+
+    def _output_views(self, result: _abi.HtDispatchResult, handle: HtHandle) -> dict:
+        """The dispatch's outputs as views of the buffer (None where absent). The device counts live in the
+        handle's block of the pool: their view keeps the handle alive."""
+        device = self.team.device
+        views = {}
+        for name in _abi.HT_DISPATCH_OUTPUTS:
+            ref = getattr(result, name)
+            owner = handle if name == "num_recv_tokens_per_expert" else self
+            views[name] = matrix_view(ref, device, owner) if _present(ref) else None
+        return views
+
+    def _copied_outputs(self, result: _abi.HtDispatchResult, s: CallStreams) -> dict:
+        """The dispatch's outputs as fresh tensors (None where absent), filled by one library call that is
+        ordered after the dispatch and before the next call on the buffer."""
+        device = self.team.device
+        fresh, refs = {}, {}
+        for name in _abi.HT_DISPATCH_OUTPUTS:
+            ref = getattr(result, name)
+            if not _present(ref):
+                fresh[name] = None
+                continue
+            tensor = s.empty((ref.rows, ref.cols), torch_dtype(ref.dtype), device)
+            fresh[name] = tensor
+            refs[name] = _abi.Tensor(
+                data=tensor.data_ptr() or None,
+                dtype=ref.dtype,
+                rows=ref.rows,
+                cols=ref.cols,
+                row_stride=ref.cols,
+                col_stride=1,
+            )
+        copies = _abi.HtDispatchCopies(**refs)
+        native_streams = s.native()
+        _abi.call(
+            "epx_ht_copy_dispatch_outputs", self._require(), ctypes.byref(copies), ctypes.byref(native_streams), None
+        )
+        return fresh
 
     def combine(
         self,

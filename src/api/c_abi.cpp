@@ -255,6 +255,7 @@ size_t epx_struct_size(const char* name) {
       {"epx_ht_layout", sizeof(epx_ht_layout)},
       {"epx_ht_dispatch_args", sizeof(epx_ht_dispatch_args)},
       {"epx_ht_dispatch_result", sizeof(epx_ht_dispatch_result)},
+      {"epx_ht_dispatch_copies", sizeof(epx_ht_dispatch_copies)},
       {"epx_ht_combine_args", sizeof(epx_ht_combine_args)},
       {"epx_ht_combine_result", sizeof(epx_ht_combine_result)},
       {"epx_ll_options", sizeof(epx_ll_options)},
@@ -410,6 +411,24 @@ epx_status epx_ht_dispatch(epx_ht_buffer* buffer, const epx_ht_dispatch_args* ar
     out.handle = new epx_ht_handle{std::move(r.handle)};
     out.finished = r.finished;
     write_struct(result, result_size, out);
+  });
+}
+
+epx_status epx_ht_copy_dispatch_outputs(epx_ht_buffer* buffer, const epx_ht_dispatch_copies* to,
+                                        const epx_streams* streams, cudaEvent_t* finished) {
+  return guarded([&] {
+    epx::HtBuffer& b = *deref(buffer, "buffer").buffer;
+    const epx_ht_dispatch_copies t = read_struct(to, "to", epx_ht_dispatch_copies EPX_HT_DISPATCH_COPIES_INIT);
+    const epx::Streams s = to_streams(streams);
+    if (s.async) deref(finished, "finished");
+    const epx::HtDispatchCopies copies{to_ref(t.recv_x, "recv_x"),
+                                       to_ref(t.recv_x_scales, "recv_x_scales"),
+                                       to_ref(t.recv_src_idx, "recv_src_idx"),
+                                       to_ref(t.recv_topk_idx, "recv_topk_idx"),
+                                       to_ref(t.recv_topk_weights, "recv_topk_weights"),
+                                       to_ref(t.num_recv_tokens_per_expert, "num_recv_tokens_per_expert")};
+    const cudaEvent_t event = b.copy_dispatch_outputs(copies, s);
+    if (finished != nullptr) *finished = event;
   });
 }
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "api/call_order.hpp"
@@ -64,6 +65,8 @@ struct HtBuffer::Impl {
   std::size_t private_bytes = 0;
   std::shared_ptr<HtHandlePool> handles;
   int sm_count = 0;
+  // The views the latest dispatch returned (what copy_dispatch_outputs copies); none before the first.
+  std::optional<HtDispatchCopies> latest_outputs;
 
   Impl(Team& t, const HtBufferOptions& o, const HtConfig& c) : team(t), options(o), config(c), calls(t) {}
   ~Impl();
@@ -348,6 +351,7 @@ cudaEvent_t HtBuffer::get_layout(const TensorRef& topk_idx, const HtLayout& out,
 HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams& streams) {
   Impl& im = *impl_;
   detail::ScopedRank scoped(im.team.rank());
+  im.latest_outputs.reset();  // a dispatch that throws leaves nothing to copy
 
   const int R = im.team.size();
   const int64_t T = args.topk_idx.rows;
@@ -458,7 +462,53 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
       TensorRef::vector(handle->view().expert_counts, ScalarType::int32, im.options.num_experts / R);
   result.handle = fresh ? std::shared_ptr<const HtHandle>(fresh) : args.cached;
   result.finished = im.calls.end(streams, stream);
+  im.latest_outputs =
+      HtDispatchCopies{result.recv_x,        result.recv_x_scales,     result.recv_src_idx,
+                       result.recv_topk_idx, result.recv_topk_weights, result.num_recv_tokens_per_expert};
   return result;
+}
+
+cudaEvent_t HtBuffer::copy_dispatch_outputs(const HtDispatchCopies& to, const HtStreams& streams) {
+  Impl& im = *impl_;
+  detail::ScopedRank scoped(im.team.rank());
+  EPX_REQUIRE(im.latest_outputs.has_value(), "copy_dispatch_outputs before any dispatch on this buffer");
+  const HtDispatchCopies& from = *im.latest_outputs;
+  struct Copy {
+    const char* name;
+    const TensorRef& from;
+    const TensorRef& to;
+  };
+  const Copy copies[] = {
+      {"recv_x", from.recv_x, to.recv_x},
+      {"recv_x_scales", from.recv_x_scales, to.recv_x_scales},
+      {"recv_src_idx", from.recv_src_idx, to.recv_src_idx},
+      {"recv_topk_idx", from.recv_topk_idx, to.recv_topk_idx},
+      {"recv_topk_weights", from.recv_topk_weights, to.recv_topk_weights},
+      {"num_recv_tokens_per_expert", from.num_recv_tokens_per_expert, to.num_recv_tokens_per_expert}};
+  for (const Copy& c : copies) {
+    EPX_REQUIRE(c.to.empty() || !c.from.empty(),
+                std::string(c.name) + " is given, but the latest dispatch has no such output");
+    if (!c.from.empty()) core::check_optional_tensor(c.to, {c.name, {c.from.type}, c.from.rows, c.from.cols});
+  }
+  const cudaStream_t stream = im.calls.begin(streams, "HT");
+  for (const Copy& c : copies) {
+    if (c.to.empty() || c.from.rows == 0) continue;
+    const std::size_t element = element_size(c.from.type), width = std::size_t(c.from.cols) * element;
+    const std::size_t from_pitch = std::size_t(c.from.row_stride) * element;
+    const std::size_t to_pitch = std::size_t(c.to.row_stride) * element;
+    // Dense on both sides: one linear copy. A 2D copy of the same rows made epx.deep_ep's dispatch ~50 us
+    // slower (nvidia-h200, one rank, T = 4096, H = 7168: bench/results/*-session38-deep-ep-dispatch.log).
+    if (from_pitch == width && to_pitch == width) {
+      check_cuda(
+          cudaMemcpyAsync(c.to.data, c.from.data, width * std::size_t(c.from.rows), cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync(HT dispatch output)");
+    } else {
+      check_cuda(cudaMemcpy2DAsync(c.to.data, to_pitch, c.from.data, from_pitch, width, std::size_t(c.from.rows),
+                                   cudaMemcpyDeviceToDevice, stream),
+                 "cudaMemcpy2DAsync(HT dispatch output)");
+    }
+  }
+  return im.calls.end(streams, stream);
 }
 
 HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& streams) {

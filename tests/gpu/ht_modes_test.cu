@@ -1,6 +1,7 @@
 // HT calls in the ways users run them besides the plain stream: on the buffer's communication stream
 // with events (overlap with compute), captured once into a CUDA graph (worst-case form) and replayed
-// with new inputs, and a cached dispatch made while its stream is still busy. Every call or graph
+// with new inputs, a cached dispatch made while its stream is still busy, and the outputs copied out
+// while the next dispatch is made on another stream. Every call or graph
 // launch that runs kernels goes to the GPU together with the other ranks' (submit_together,
 // single_gpu_ranks.hpp), after its copies.
 #include <cuda_runtime_api.h>
@@ -130,6 +131,63 @@ void cached_without_host_wait(const std::vector<Expected>& expected, Team& team,
   check_dispatch(kCase, rank, again, x.dispatch.recv[rank], N);
 }
 
+// copy_dispatch_outputs is ordered before the next call on the buffer, whatever that call's stream: with
+// the copy queued behind 100 ms of other work on one stream and the next dispatch made at once on
+// another, the copies still hold the first dispatch's rows. (Copies the caller queues itself after a
+// dispatch are ordered only by its streams.) Arguments it cannot honour are refused first.
+void copies_before_the_next_dispatch(const std::vector<Expected>& expected, Team& team, cudaStream_t stream) {
+  constexpr uint64_t kHoldNs = 100'000'000;
+  load_hold_kernel();
+  const int rank = team.rank();
+  RankInputs first = upload_inputs(kCase, expected[0].tokens[rank]);
+  RankInputs second = upload_inputs(kCase, expected[1].tokens[rank]);
+  const int64_t N = expected[0].dispatch.recv[rank].num_recv_tokens;
+  const int E_local = kCase.E / team.size();
+  const int topk_bytes = element_size(first.args.topk_idx.type);
+  DeviceArray x(std::size_t(N) * kCase.H * 2), src(std::size_t(N) * 4), counts(std::size_t(E_local) * 4);
+  DeviceArray topk(std::size_t(N) * kCase.K * topk_bytes), weights(std::size_t(N) * kCase.K * 4);
+  cudaStream_t other;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  HtBuffer buffer(team, HtBufferOptions{kCase.T, kCase.H, kCase.K, kCase.E});
+
+  HtDispatchCopies to;
+  to.recv_x = TensorRef::matrix(x.data, ScalarType::bf16, N, kCase.H);
+  expect_error(ErrorKind::invalid_argument, {"before any dispatch"},
+               [&] { buffer.copy_dispatch_outputs(to, HtStreams{stream}); });
+  const HtDispatchResult d = submit_together([&] { return buffer.dispatch(first.args, HtStreams{stream}); });
+  ASSERT_NO_FATAL_FAILURE(complete(team, stream));
+  to.recv_x_scales = TensorRef::matrix(weights.data, ScalarType::float32, N, kCase.H / 128);
+  expect_error(ErrorKind::invalid_argument, {"recv_x_scales is given, but the latest dispatch has no such output"},
+               [&] { buffer.copy_dispatch_outputs(to, HtStreams{stream}); });
+  to.recv_x_scales = {};
+  to.recv_x.rows = N + 1;
+  expect_error(ErrorKind::invalid_argument, {"recv_x must have " + std::to_string(N) + " rows"},
+               [&] { buffer.copy_dispatch_outputs(to, HtStreams{stream}); });
+
+  HtDispatchResult copied = d;
+  copied.recv_x = TensorRef::matrix(x.data, d.recv_x.type, N, kCase.H);
+  copied.recv_src_idx = TensorRef::vector(src.data, ScalarType::int32, N);
+  copied.recv_topk_idx = TensorRef::matrix(topk.data, d.recv_topk_idx.type, N, kCase.K);
+  copied.recv_topk_weights = TensorRef::matrix(weights.data, ScalarType::float32, N, kCase.K);
+  copied.num_recv_tokens_per_expert = TensorRef::vector(counts.data, ScalarType::int32, E_local);
+  to = HtDispatchCopies{copied.recv_x,
+                        {},
+                        copied.recv_src_idx,
+                        copied.recv_topk_idx,
+                        copied.recv_topk_weights,
+                        copied.num_recv_tokens_per_expert};
+  const HtDispatchResult next = submit_together([&] {
+    hold_stream(stream, kHoldNs);
+    buffer.copy_dispatch_outputs(to, HtStreams{stream});
+    return buffer.dispatch(second.args, HtStreams{other});
+  });
+  ASSERT_NO_FATAL_FAILURE(complete(team, other));
+  ASSERT_NO_FATAL_FAILURE(complete(team, stream));
+  check_dispatch(kCase, rank, copied, expected[0].dispatch.recv[rank], N);
+  check_dispatch(kCase, rank, next, expected[1].dispatch.recv[rank], expected[1].dispatch.recv[rank].num_recv_tokens);
+  cudaStreamDestroy(other);
+}
+
 std::vector<Expected> expected_rounds(int R, int rounds) {
   std::vector<Expected> v;
   for (int i = 0; i < rounds; ++i) v.push_back(build_expected(kCase, R, 1000u + i));
@@ -154,6 +212,13 @@ TEST_P(HtModes, CachedDispatchReturnsWithoutWaitingForItsKernel) {
   if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
   const auto expected = expected_rounds(GetParam() == 0 ? rank_info().world_size : GetParam(), 1);
   on_ranks(GetParam(), [&](Team& team, cudaStream_t stream) { cached_without_host_wait(expected, team, stream); });
+}
+
+TEST_P(HtModes, CopiedOutputsAreOrderedBeforeTheNextDispatch) {
+  if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
+  const auto expected = expected_rounds(GetParam() == 0 ? rank_info().world_size : GetParam(), 2);
+  on_ranks(GetParam(),
+           [&](Team& team, cudaStream_t stream) { copies_before_the_next_dispatch(expected, team, stream); });
 }
 
 // Bad arguments are refused before anything is launched, with a message naming them; an invalid expert
