@@ -55,6 +55,16 @@ def test_nvl_hint_holds_the_documented_tokens():
     assert config.hint_experts(16) == 2048  # 128 a rank where that is more
 
 
+def test_nvl_hint_tokens_from_the_environment(monkeypatch):
+    # Code that sizes its Buffer with the hint (Megatron-LM does) can ask for more tokens without a change.
+    monkeypatch.setenv("EPX_HT_HINT_TOKENS_PER_RANK", "8192")
+    assert deep_ep.Config().get_nvl_buffer_size_hint(7168 * 2, 8) == ht_bytes(8, 8192, E=1024, combine_output=False)
+    for bad in ("0", "-5", "many"):
+        monkeypatch.setenv("EPX_HT_HINT_TOKENS_PER_RANK", bad)
+        with pytest.raises(ValueError, match="EPX_HT_HINT_TOKENS_PER_RANK must be a positive integer"):
+            deep_ep.Config().get_nvl_buffer_size_hint(7168 * 2, 8)
+
+
 def test_ll_hint_bounds_every_topk():
     # DeepEP's hint has no top-k: epx's covers the largest it takes, so a top-10 model fits too.
     hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 2, 256)

@@ -25,7 +25,7 @@ from .._torch import CallStreams, check_device, torch
 from ..ht import HtBuffer, HtHandle
 from ..ll import LlBuffer, LlHandle
 from ..team import Team
-from .config import Config, ht_buffer_bytes
+from .config import HT_HINT_TOKENS_ENV, Config, ht_buffer_bytes
 from .utils import EventHandle, EventOverlap
 
 # Top-k the LL buffer is made for when the call's is smaller (a later call up to it needs no new buffer;
@@ -448,7 +448,8 @@ class Buffer:
             raise ValueError(
                 f"epx: num_nvl_bytes={self.num_nvl_bytes} holds {buffer.max_tokens_per_rank} tokens per "
                 f"rank for these shapes (epx keeps every received token); this dispatch has {x.size(0)}: "
-                f"make the Buffer with num_nvl_bytes >= {need}"
+                f"make the Buffer with num_nvl_bytes >= {need} (where num_nvl_bytes comes from "
+                f"Config.get_nvl_buffer_size_hint, set {HT_HINT_TOKENS_ENV}={x.size(0)} or more on every rank)"
             )
         self._set_ht_sms(buffer, config)
         s = self._streams(previous_event, async_finish, allocate_on_comm_stream)

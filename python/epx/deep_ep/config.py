@@ -4,13 +4,17 @@ works unchanged. Its size hints are epx's."""
 
 from __future__ import annotations
 
+import os
+
 # The HT size hint is for this many tokens per rank, top-8, and up to HT_HINT_EXPERTS experts (or 128 a
 # rank, where that is more): epx keeps every received token, so its HT buffer grows with the tokens per
 # rank, which DeepEP's hint does not take. The expert count costs little (~72 bytes an expert at 4096
 # tokens), so the hint covers every common model's at every team size (sized for 128 experts a rank only,
 # it held 4095 tokens of a 384-expert model at EP=2). To dispatch more tokens, pass more bytes
-# (epx.HtBuffer.required_bytes).
+# (epx.HtBuffer.required_bytes), or, where the code sizes its Buffer with this hint (as Megatron-LM does),
+# set EPX_HT_HINT_TOKENS_PER_RANK to the most tokens a rank dispatches.
 HT_HINT_TOKENS_PER_RANK = 4096
+HT_HINT_TOKENS_ENV = "EPX_HT_HINT_TOKENS_PER_RANK"
 HT_HINT_TOPK = 8
 HT_HINT_EXPERTS = 1024
 HT_HINT_EXPERTS_PER_RANK = 128
@@ -29,6 +33,21 @@ def ht_buffer_bytes(num_ranks: int, tokens: int, hidden: int, topk: int, num_exp
         num_experts=num_experts,
         combine_output=False,
     )
+
+
+def hint_tokens_per_rank() -> int:
+    """The tokens per rank the HT hint is sized for: EPX_HT_HINT_TOKENS_PER_RANK where set, else
+    HT_HINT_TOKENS_PER_RANK."""
+    value = os.environ.get(HT_HINT_TOKENS_ENV)
+    if value is None:
+        return HT_HINT_TOKENS_PER_RANK
+    try:
+        tokens = int(value)
+    except ValueError:
+        tokens = 0
+    if tokens < 1:
+        raise ValueError(f"epx: {HT_HINT_TOKENS_ENV} must be a positive integer, got {value!r}")
+    return tokens
 
 
 def hint_experts(num_ranks: int) -> int:
@@ -56,13 +75,13 @@ class Config:
 
     def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
         """Bytes of num_nvl_bytes for HT calls of hidden_bytes per token (hidden * 2 for BF16), sized for
-        HT_HINT_TOKENS_PER_RANK tokens per rank, top-HT_HINT_TOPK, hint_experts(num_ranks) experts (see above)."""
+        hint_tokens_per_rank() tokens per rank, top-HT_HINT_TOPK, hint_experts(num_ranks) experts (see above)."""
         if int(hidden_bytes) <= 0 or int(num_ranks) < 1:
             raise ValueError(f"epx: need hidden_bytes > 0 and num_ranks >= 1, got {hidden_bytes}, {num_ranks}")
         hidden = -(-int(hidden_bytes) // 2)  # BF16 elements, the widest payload epx moves
         hidden = -(-hidden // 128) * 128
         return ht_buffer_bytes(
-            int(num_ranks), HT_HINT_TOKENS_PER_RANK, hidden, HT_HINT_TOPK, hint_experts(int(num_ranks))
+            int(num_ranks), hint_tokens_per_rank(), hidden, HT_HINT_TOPK, hint_experts(int(num_ranks))
         )
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
