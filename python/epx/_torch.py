@@ -7,6 +7,7 @@ needs it raises TorchRequired with what to do.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Optional, Sequence
 
@@ -226,16 +227,17 @@ class CallStreams:
         with t.cuda.stream(self.alloc):
             return t.empty(shape, dtype=dtype, device=cuda_device(device))
 
+    def on_call_stream(self):
+        """A context in which torch work goes on the call's stream (no switch where it is the current one)."""
+        return contextlib.nullcontext() if self._call_is_current else torch().cuda.stream(self.call)
+
     def copy(self, view, device: int):
         """A fresh tensor with view's content, copied on the call's stream."""
         out = self.empty(view.shape, view.dtype, device)
         if out.numel() == 0:
             return out
-        if self._call_is_current:
+        with self.on_call_stream():
             out.copy_(view)
-        else:
-            with torch().cuda.stream(self.call):
-                out.copy_(view)
         return out
 
     def finish(self, tensors=()):

@@ -278,6 +278,34 @@ def ht_worst_case_and_cached(ctx):
     equal(out[0], ref_ht_dispatch(inputs2, ctx.rank)[0], "recv_x (cached, exact)")
 
 
+def ht_dispatch_by_rank(ctx):
+    """A dispatch without topk_idx (DeepEP allows it): tokens go where is_token_in_rank says; the list comes
+    from every rank's num_tokens_per_expert."""
+    inputs = all_inputs(HT_TOKENS, 11)
+    x, topk, _ = inputs[ctx.rank]
+    per_rank, _, per_expert, in_rank, _ = ctx.ht.get_dispatch_layout(topk, EXPERTS)
+    recv_x, recv_topk, recv_w, counts, handle, _ = ctx.ht.dispatch(
+        x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, expert_alignment=4
+    )
+    want_x, want_src, _, _, want_counts = ref_ht_dispatch(inputs, ctx.rank, alignment=4)
+    assert recv_topk is None and recv_w is None
+    equal(recv_x, want_x, "recv_x (by rank)")
+    equal(handle.recv_src_idx, want_src, "recv_src_idx (by rank)")
+    assert counts == want_counts, (counts, want_counts)
+    y = (recv_x.float() * rank_scale(ctx.rank)).bfloat16()
+    combined, combined_w, _ = ctx.ht.combine(y, handle)
+    assert combined_w is None
+    close(combined, ref_ht_combine(inputs, ctx.rank, rank_scale), "combined_x (by rank)")
+    out = ctx.ht.dispatch(x, handle=handle)  # cached, as DeepEP's test does after a dispatch without top-k
+    equal(out[0], want_x, "recv_x (by rank, cached)")
+    try:
+        ctx.ht.dispatch(x, is_token_in_rank=in_rank)
+    except ValueError as e:
+        assert "pass both" in str(e), e
+    else:
+        raise AssertionError("a dispatch with neither topk_idx nor num_tokens_per_expert was accepted")
+
+
 def check_graph_replays(rounds, rank, step, check):
     """step(x, topk, w) captured once in a torch.cuda.CUDAGraph, as decode loops run the calls, then replayed
     with each round's inputs (and the first's again) copied into the captured tensors; check(inputs, outputs,
@@ -609,6 +637,7 @@ SCENARIOS = {
         ht_dispatch_combine_bf16,
         ht_dispatch_fp8_column_major_scales,
         ht_worst_case_and_cached,
+        ht_dispatch_by_rank,
         ht_cuda_graph,
         ht_async_previous_event,
         ht_num_sms_and_configs,

@@ -78,6 +78,15 @@ def layout_of(topk_idx, num_experts: int, num_ranks: int):
     return in_rank.sum(0, dtype=t.int32), hit.sum(0, dtype=t.int32), in_rank
 
 
+def routing_by_rank(is_token_in_rank, experts_per_rank: int):
+    """topk_idx for a dispatch routed by is_token_in_rank ([T, R] bool): column r names rank r's first
+    expert where the token goes to rank r, else -1. epx sends a token once to each rank its top-k names."""
+    t = torch()
+    R = is_token_in_rank.size(1)
+    first_experts = t.arange(R, dtype=t.int32, device=is_token_in_rank.device) * experts_per_rank
+    return t.where(is_token_in_rank, first_experts, -1)
+
+
 def _int(value, name: str) -> int:
     """An integer argument (Python or numpy int); floats such as 1e9 are refused, not truncated."""
     try:
@@ -387,13 +396,16 @@ class Buffer:
         num_recv_tokens_per_expert_list, handle, event).
 
         x is bf16 [T, H], or (fp8 [T, H], float32 scales [T, H/128], row- or column-major). Outputs are
-        fresh tensors, as in DeepEP: epx copies them out of its buffer (one device copy per output, on
-        the call's stream). recv_topk_idx holds local expert ids (-1 elsewhere). num_tokens_per_rank,
-        num_tokens_per_rdma_rank and is_token_in_rank are accepted and not needed (epx routes by topk_idx);
-        num_tokens_per_expert gives the expert count (else the last get_dispatch_layout's). With
-        num_worst_tokens > 0 the outputs have that many rows (padding: src -1, topk_idx -1, weights 0) and the
-        list is empty. With handle (cached dispatch) the routing is the handle's and the call returns
-        (recv_x, None, None, None, None, event). The handle is a DispatchHandle, not DeepEP's tuple.
+        fresh tensors, as in DeepEP: epx copies them out of its buffer. recv_topk_idx holds local expert ids
+        (-1 elsewhere). num_tokens_per_rank and num_tokens_per_rdma_rank are accepted and not needed, nor is
+        is_token_in_rank with topk_idx (epx routes by topk_idx); num_tokens_per_expert gives the expert count
+        (else the last get_dispatch_layout's). Without topk_idx (and topk_weights) the tokens go where
+        is_token_in_rank says, recv_topk_idx and recv_topk_weights are None, and the list is what every
+        rank's num_tokens_per_expert sends this rank (a collective over the group, as in DeepEP, whose
+        ranks exchange these counts). With num_worst_tokens > 0 the outputs have that many rows (padding: src
+        -1, topk_idx -1, weights 0) and the list is empty. With handle (cached dispatch) the routing is the
+        handle's and the call returns (recv_x, None, None, None, None, event). The handle is a
+        DispatchHandle, not DeepEP's tuple.
         """
         team = self._require_team()
         x, x_scales = x if isinstance(x, tuple) else (x, None)
@@ -427,13 +439,27 @@ class Buffer:
             recv_x = (r.recv_x, r.recv_x_scales) if x_scales is not None else r.recv_x
             return recv_x, None, None, None, None, EventOverlap(r.event)
 
-        if topk_idx is None:
-            raise NotImplementedError(
-                "epx routes tokens by topk_idx: a dispatch without topk_idx (is_token_in_rank alone) is not supported"
-            )
-        check_device(topk_idx, "topk_idx", team.device)
-        if topk_idx.dim() != 2:
-            raise ValueError(f"epx: topk_idx must be [num_tokens, num_topk], got {tuple(topk_idx.shape)}")
+        by_rank = topk_idx is None
+        if by_rank:
+            if topk_weights is not None:
+                raise ValueError("epx: topk_weights is given without topk_idx")
+            if is_token_in_rank is None or num_tokens_per_expert is None:
+                raise ValueError(
+                    "epx: a dispatch without topk_idx routes by is_token_in_rank and counts by "
+                    "num_tokens_per_expert: pass both"
+                )
+            check_device(is_token_in_rank, "is_token_in_rank", team.device)
+            if tuple(is_token_in_rank.shape) != (x.size(0), team.size) or is_token_in_rank.dtype != torch().bool:
+                raise ValueError(
+                    f"epx: is_token_in_rank must be bool [{x.size(0)}, {team.size}], got "
+                    f"{is_token_in_rank.dtype} {tuple(is_token_in_rank.shape)}"
+                )
+            topk = team.size
+        else:
+            check_device(topk_idx, "topk_idx", team.device)
+            if topk_idx.dim() != 2:
+                raise ValueError(f"epx: topk_idx must be [num_tokens, num_topk], got {tuple(topk_idx.shape)}")
+            topk = topk_idx.size(1)
         if num_tokens_per_expert is not None:
             num_experts = num_tokens_per_expert.numel()
         elif self._last_num_experts is not None:
@@ -442,7 +468,7 @@ class Buffer:
             raise ValueError(
                 "epx: pass num_tokens_per_expert (from get_dispatch_layout) so that epx knows the number of experts"
             )
-        buffer = self._ht_for(x.size(1), topk_idx.size(1), num_experts)
+        buffer = self._ht_for(x.size(1), topk, num_experts)
         if x.size(0) > buffer.max_tokens_per_rank:
             need = ht_buffer_bytes(team.size, x.size(0), buffer.hidden, buffer.max_topk, num_experts)
             raise ValueError(
@@ -453,7 +479,12 @@ class Buffer:
             )
         self._set_ht_sms(buffer, config)
         s = self._streams(previous_event, async_finish, allocate_on_comm_stream)
-        routing = s.copy(topk_idx, team.device)  # before the dispatch, in its stream order: cached calls read it
+        if by_rank:
+            with s.on_call_stream():
+                topk_idx = routing_by_rank(is_token_in_rank, num_experts // team.size)
+            routing = topk_idx  # fresh: cached calls may read it
+        else:
+            routing = s.copy(topk_idx, team.device)  # before the dispatch, in its stream order: cached calls read it
         r = buffer.dispatch(
             x,
             topk_idx,
@@ -466,9 +497,29 @@ class Buffer:
         )
         handle = DispatchHandle(r.handle, routing, r.recv_src_idx, r.num_recv_tokens)
         recv_x = (r.recv_x, r.recv_x_scales) if x_scales is not None else r.recv_x
-        counts: List[int] = r.num_recv_tokens_per_expert_list if num_worst_tokens == 0 else []
+        counts: List[int] = []
+        if num_worst_tokens == 0:
+            if by_rank:
+                with s.on_call_stream():
+                    counts = self._expert_counts_sent_here(num_tokens_per_expert, expert_alignment)
+            else:
+                counts = r.num_recv_tokens_per_expert_list
+        recv_topk_idx = None if by_rank else r.recv_topk_idx
         recv_topk_weights = r.recv_topk_weights if topk_weights is not None else None
-        return recv_x, r.recv_topk_idx, recv_topk_weights, counts, handle, EventOverlap(r.event)
+        return recv_x, recv_topk_idx, recv_topk_weights, counts, handle, EventOverlap(r.event)
+
+    def _expert_counts_sent_here(self, num_tokens_per_expert, expert_alignment: int) -> List[int]:
+        """Collective over the group: the tokens every rank's num_tokens_per_expert ([E]) sends this rank's
+        experts, each rounded up to expert_alignment (DeepEP's list for a dispatch without topk_idx)."""
+        R = self.group_size
+        if isinstance(self.group, torch().distributed.ProcessGroup):
+            totals = num_tokens_per_expert.to(torch().int64)  # a copy: all_reduce writes it
+            torch().distributed.all_reduce(totals, group=self.group)
+            sums = totals.view(R, -1)[self.rank].tolist()
+        else:  # an mpi4py communicator
+            every = self.group.allgather(num_tokens_per_expert.view(R, -1)[self.rank].tolist())
+            sums = [sum(column) for column in zip(*every)]
+        return [-(-int(n) // expert_alignment) * expert_alignment for n in sums]
 
     def combine(
         self,
