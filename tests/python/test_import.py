@@ -78,4 +78,41 @@ def test_import_loads_nothing_native():
 def test_deep_ep_exports():
     from epx import deep_ep
 
-    assert set(deep_ep.__all__) == {"Buffer", "Config", "EventOverlap", "topk_idx_t"}
+    assert set(deep_ep.__all__) == {"Buffer", "Config", "EventOverlap", "install", "topk_idx_t"}
+
+
+def test_deep_ep_install_serves_import_deep_ep():
+    # Code written for DeepEP (Megatron-LM's fused_a2a: `from deep_ep import Buffer`,
+    # `from deep_ep.utils import EventHandle, EventOverlap`) runs on epx once install() was called.
+    result = run_python(
+        """
+        import epx.deep_ep
+        epx.deep_ep.install()
+        from deep_ep import Buffer, Config
+        from deep_ep.utils import EventHandle, EventOverlap
+        import deep_ep
+        assert deep_ep is epx.deep_ep and Buffer is epx.deep_ep.Buffer and Config is epx.deep_ep.Config
+        assert EventHandle is epx.deep_ep.utils.EventHandle and EventOverlap is epx.deep_ep.EventOverlap
+        epx.deep_ep.install()  # again: fine
+        print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_deep_ep_install_refuses_where_another_deep_ep_is_imported():
+    result = run_python(
+        """
+        import sys, types
+        sys.modules["deep_ep"] = types.ModuleType("deep_ep")
+        import epx.deep_ep
+        try:
+            epx.deep_ep.install()
+        except RuntimeError as e:
+            assert "imported already" in str(e), e
+            print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("ok")
