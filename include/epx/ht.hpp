@@ -25,6 +25,9 @@
 // when HtStreams::async is set (see HtStreams). Calls on one buffer run in the order they were made,
 // whatever their streams (each waits for the previous one). Call them with the team's CUDA device
 // current. Every argument is checked before anything is launched; a bad one throws epx::Error naming it.
+// One exception: a dispatch with more tokens than max_tokens_per_rank (the one argument that differs
+// between ranks by nature) still takes part, with none, so that every rank's dispatch fails at once with
+// an error naming that rank, rather than the others waiting for it until the team's timeout.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -151,8 +151,10 @@ void HtBuffer::Impl::report_recorded_errors() {
                        "] = " + std::to_string(input.value) + " is not an expert id in [-1, " +
                        std::to_string(options.num_experts) + "); the dispatch sent nothing on any rank");
     }
-    detail::fail(ErrorKind::invalid_argument, "HT dispatch: rank " + std::to_string(failed) +
-                                                  " passed an invalid topk_idx; the dispatch sent nothing on any rank");
+    detail::fail(ErrorKind::invalid_argument,
+                 "HT dispatch: rank " + std::to_string(failed) +
+                     " passed an invalid input (an expert id out of range, or more tokens than max_tokens_per_rank); "
+                     "the dispatch sent nothing on any rank");
   }
   if (m->overflow != 0) {
     const int n = m->overflow;
@@ -357,9 +359,19 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   const int64_t T = args.topk_idx.rows;
   const int64_t H = args.x.cols;
   const bool fp8 = args.x.type == ScalarType::fp8_e4m3;
-  EPX_REQUIRE(T <= im.options.max_tokens_per_rank, "HT dispatch of " + std::to_string(T) +
-                                                       " tokens, more than the buffer's max_tokens_per_rank (" +
-                                                       std::to_string(im.options.max_tokens_per_rank) + ")");
+  // T is the one argument that differs between ranks by nature: a rank with too many tokens still takes
+  // part, with none, and tells the others through its status word, so that every rank fails this
+  // dispatch with an error (and none waits for it until the team's timeout). Not inside a graph capture,
+  // where nothing runs: there it throws at once.
+  const std::string too_many = "HT dispatch of " + std::to_string(T) +
+                               " tokens, more than the buffer's max_tokens_per_rank (" +
+                               std::to_string(im.options.max_tokens_per_rank) + ")";
+  const bool refused = T > im.options.max_tokens_per_rank;
+  if (refused) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check_cuda(cudaStreamIsCapturing(streams.stream, &capture), "cudaStreamIsCapturing");
+    EPX_REQUIRE(!args.cached && capture == cudaStreamCaptureStatusNone, too_many);
+  }
   core::check_tensor(args.x, {"x", {ScalarType::bf16, ScalarType::fp8_e4m3}, T, -1, true, 16});
   EPX_REQUIRE(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
               "x has hidden " + std::to_string(H) + ": it must be a positive multiple of 128, at most the buffer's " +
@@ -392,17 +404,21 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   }
 
   const cudaStream_t stream = im.calls.begin(streams, "HT");
+  const int64_t sent = refused ? 0 : T;  // the tokens this rank sends
   std::shared_ptr<HtHandle> fresh;
   const HtHandle* handle = args.cached.get();
   if (handle == nullptr) {
-    fresh = std::make_shared<HtHandle>(im.handles, im.handles->acquire(stream), int(T), int(K), args.expert_alignment);
+    fresh =
+        std::make_shared<HtHandle>(im.handles, im.handles->acquire(stream), int(sent), int(K), args.expert_alignment);
     handle = fresh.get();
     kh::LayoutOutputs outputs;
     outputs.send_pos = handle->view().send_pos;
     outputs.rank_counts = handle->view().rank_counts;
     outputs.expert_token_counts = handle->view().expert_totals;
     outputs.error = handle->view().input_error;
-    kh::launch_layout(im.layout_args(args.topk_idx, outputs), stream);
+    TensorRef routed = args.topk_idx;
+    routed.rows = sent;
+    kh::launch_layout(im.layout_args(routed, outputs), stream);
   }
   const kh::BufferView& view = im.view;
   const uint32_t ticket = ++im.next_ticket;
@@ -419,14 +435,20 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   tokens.topk_row_stride = args.topk_idx.row_stride;
   tokens.weights = static_cast<const float*>(args.topk_weights.data);
   tokens.weights_row_stride = args.topk_weights.row_stride;
-  tokens.num_tokens = int32_t(T);
+  tokens.num_tokens = int32_t(sent);
   tokens.topk = int32_t(K);
-  const kh::CountExchangeArgs counts{im.mailbox_device, ticket, args.expert_alignment, args.num_worst_tokens,
-                                     handle != fresh.get()};
+  const kh::CountExchangeArgs counts{im.mailbox_device,     ticket, args.expert_alignment, args.num_worst_tokens,
+                                     handle != fresh.get(), refused};
   kh::launch_dispatch(kh::DispatchArgs{view, handle->view(), tokens, counts, &im.counters->dispatch_blocks_done,
                                        &im.counters->dispatch_tokens_claimed},
                       im.config.num_sms, handle == fresh.get(), stream);
   handle->mark_use(stream);
+  if (refused) {  // the others learn it from the status word; this rank reports its own cause
+    im.wait_for_ticket(ticket, stream);
+    im.calls.end(HtStreams{streams.stream}, stream);  // ordered as a call; no `finished` event to hand out
+    im.mailbox->failed_rank = -1;
+    detail::fail(ErrorKind::invalid_argument, too_many + "; the dispatch sent nothing on any rank");
+  }
 
   HtDispatchResult result;
   if (args.num_worst_tokens == 0) {

@@ -236,10 +236,20 @@ TEST(HtValidation, BadArgumentsAndInvalidExpertIds) {
     a = in.args;
     a.x.cols = 100;
     expect_error(ErrorKind::invalid_argument, {"multiple of 128"}, [&] { buffer.dispatch(a, on); });
+    // More tokens than the buffer holds, on rank 1 only: it still takes part, with none, so both ranks
+    // fail this dispatch at once (rank 0 names rank 1) and the next one works.
     a = in.args;
-    a.topk_idx.rows = a.x.rows = kCase.T + 1;
-    expect_error(ErrorKind::invalid_argument, {"more than the buffer's max_tokens_per_rank"},
-                 [&] { buffer.dispatch(a, on); });
+    if (rank == 1) a.topk_idx.rows = a.topk_weights.rows = a.x.rows = kCase.T + 1;
+    const auto start = std::chrono::steady_clock::now();
+    expect_error(ErrorKind::invalid_argument,
+                 {rank == 1 ? std::string("more than the buffer's max_tokens_per_rank")
+                            : std::string("rank 1 passed an invalid input")},
+                 [&] { submit_together([&] { buffer.dispatch(a, on); }); });
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "rank " << rank;
+    EXPECT_FALSE(team.failed()) << "rank " << rank;
+    const HtDispatchResult next = submit_together([&] { return buffer.dispatch(in.args, on); });
+    ASSERT_NO_FATAL_FAILURE(complete(team, stream));
+    check_dispatch(kCase, rank, next, expected[0].dispatch.recv[rank], expected[0].dispatch.recv[rank].num_recv_tokens);
     a = in.args;
     a.x_scales = a.topk_weights;
     expect_error(ErrorKind::invalid_argument, {"x_scales is given but x is bf16"}, [&] { buffer.dispatch(a, on); });

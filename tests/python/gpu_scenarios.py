@@ -306,6 +306,35 @@ def ht_dispatch_by_rank(ctx):
         raise AssertionError("a dispatch with neither topk_idx nor num_tokens_per_expert was accepted")
 
 
+def ht_too_many_tokens(ctx):
+    """A Buffer sized for 256 tokens a rank; rank 0 dispatches 300: every rank's dispatch fails at once with
+    an error (rank 0's says how to make room), and the next dispatch works."""
+    from epx.deep_ep.config import ht_buffer_bytes
+
+    fits = (256, 256)
+    inputs = all_inputs(fits, 12)
+    x, topk, w = inputs[ctx.rank]
+    small = deep_ep.Buffer(
+        ctx.group, num_nvl_bytes=ht_buffer_bytes(R, 256, HIDDEN, TOPK, EXPERTS), explicitly_destroy=True
+    )
+    try:
+        counts = ref_layout(topk.cpu())[1].cuda()
+        small.dispatch(x, topk_idx=topk, topk_weights=w, num_tokens_per_expert=counts)  # makes the buffer
+        assert small.ht_max_tokens_per_rank == 256
+        big = make_inputs(ctx.rank, 300, 12) if ctx.rank == 0 else inputs[ctx.rank]
+        try:
+            small.dispatch(big[0], topk_idx=big[1], topk_weights=big[2], num_tokens_per_expert=counts)
+        except epx.EpxInvalidArgument as e:
+            want = "EPX_HT_HINT_TOKENS_PER_RANK" if ctx.rank == 0 else "rank 0 passed an invalid input"
+            assert want in str(e), e
+        else:
+            raise AssertionError("a dispatch of more tokens than the buffer holds was accepted")
+        recv_x, _, _, _, _, _ = small.dispatch(x, topk_idx=topk, topk_weights=w, num_tokens_per_expert=counts)
+        equal(recv_x, ref_ht_dispatch(inputs, ctx.rank)[0], "recv_x (after a refused dispatch)")
+    finally:
+        small.destroy()
+
+
 def check_graph_replays(rounds, rank, step, check):
     """step(x, topk, w) captured once in a torch.cuda.CUDAGraph, as decode loops run the calls, then replayed
     with each round's inputs (and the first's again) copied into the captured tensors; check(inputs, outputs,
@@ -638,6 +667,7 @@ SCENARIOS = {
         ht_dispatch_fp8_column_major_scales,
         ht_worst_case_and_cached,
         ht_dispatch_by_rank,
+        ht_too_many_tokens,
         ht_cuda_graph,
         ht_async_previous_event,
         ht_num_sms_and_configs,

@@ -22,6 +22,7 @@ from typing import List, Optional, Tuple, Union
 
 from .. import _abi
 from .._torch import CallStreams, check_device, torch
+from ..errors import EpxInvalidArgument
 from ..ht import HtBuffer, HtHandle
 from ..ll import LlBuffer, LlHandle
 from ..team import Team
@@ -469,14 +470,6 @@ class Buffer:
                 "epx: pass num_tokens_per_expert (from get_dispatch_layout) so that epx knows the number of experts"
             )
         buffer = self._ht_for(x.size(1), topk, num_experts)
-        if x.size(0) > buffer.max_tokens_per_rank:
-            need = ht_buffer_bytes(team.size, x.size(0), buffer.hidden, buffer.max_topk, num_experts)
-            raise ValueError(
-                f"epx: num_nvl_bytes={self.num_nvl_bytes} holds {buffer.max_tokens_per_rank} tokens per "
-                f"rank for these shapes (epx keeps every received token); this dispatch has {x.size(0)}: "
-                f"make the Buffer with num_nvl_bytes >= {need} (where num_nvl_bytes comes from "
-                f"Config.get_nvl_buffer_size_hint, set {HT_HINT_TOKENS_ENV}={x.size(0)} or more on every rank)"
-            )
         self._set_ht_sms(buffer, config)
         s = self._streams(previous_event, async_finish, allocate_on_comm_stream)
         if by_rank:
@@ -485,16 +478,32 @@ class Buffer:
             routing = topk_idx  # fresh: cached calls may read it
         else:
             routing = s.copy(topk_idx, team.device)  # before the dispatch, in its stream order: cached calls read it
-        r = buffer.dispatch(
-            x,
-            topk_idx,
-            topk_weights,
-            x_scales=x_scales,
-            expert_alignment=expert_alignment,
-            num_worst_tokens=num_worst_tokens,
-            copy=True,
-            streams=s,
-        )
+        try:
+            r = buffer.dispatch(
+                x,
+                topk_idx,
+                topk_weights,
+                x_scales=x_scales,
+                expert_alignment=expert_alignment,
+                num_worst_tokens=num_worst_tokens,
+                copy=True,
+                streams=s,
+            )
+        except EpxInvalidArgument as e:
+            # Too many tokens on this rank: the dispatch was refused on every rank (the others name this
+            # one); say here how to make room.
+            if x.size(0) <= buffer.max_tokens_per_rank:
+                raise
+            need = ht_buffer_bytes(team.size, x.size(0), buffer.hidden, buffer.max_topk, num_experts)
+            raise EpxInvalidArgument(
+                f"{e} (epx keeps every received token: num_nvl_bytes={self.num_nvl_bytes} holds "
+                f"{buffer.max_tokens_per_rank} tokens per rank for these shapes). Make the Buffer with "
+                f"num_nvl_bytes >= {need}, or, where num_nvl_bytes comes from Config.get_nvl_buffer_size_hint, "
+                f"set {HT_HINT_TOKENS_ENV}={x.size(0)} or more on every rank",
+                e.kind,
+                e.rank,
+                e.status,
+            ) from e
         handle = DispatchHandle(r.handle, routing, r.recv_src_idx, r.num_recv_tokens)
         recv_x = (r.recv_x, r.recv_x_scales) if x_scales is not None else r.recv_x
         counts: List[int] = []

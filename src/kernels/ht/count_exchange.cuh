@@ -31,7 +31,8 @@
 namespace epx::kernels::ht {
 
 // The count matrix as this rank received it, after step 2: source s's tokens for rank j (j < R), and
-// its status (j == R, nonzero: its input was invalid).
+// its status (j == R, nonzero: its input was invalid: an expert id the layout kernel refused, or more
+// tokens than the buffer holds, refused on the host, which then sends none).
 __device__ inline int32_t count_at(const BufferView& b, int s, int j) {
   return int32_t(core::stamped_value(b.at<uint64_t>(b.team.rank, b.notify_counts)[s * b.notify_stride() + j]));
 }
@@ -93,8 +94,8 @@ __device__ inline void announce_counts(const DispatchArgs& a, uint64_t seq) {
   const int stride = b.notify_stride();
   __shared__ int32_t status;
   if (threadIdx.x == 0) {
-    status = (!c.cached && a.handle.input_error->found) ? 1 : 0;
-    if (status != 0) {
+    status = (!c.cached && (c.refused || a.handle.input_error->found)) ? 1 : 0;
+    if (status != 0 && a.handle.input_error->found) {
       if (c.mailbox->input.found == 0) c.mailbox->input = *a.handle.input_error;
       *a.handle.input_error = InputError{};  // read once: the handle block starts clean for its next dispatch
     }

@@ -68,6 +68,7 @@ struct CountExchangeArgs {
   int32_t expert_alignment;
   int64_t num_worst_tokens;  // > 0: mark padding rows [N, num_worst_tokens) as "no token"
   bool cached;               // only the handshake: counts come from the handle
+  bool refused;              // this rank's input was refused on the host (it sends nothing): announce it failed
 };
 
 struct DispatchArgs {
