@@ -437,8 +437,13 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   tokens.weights_row_stride = args.topk_weights.row_stride;
   tokens.num_tokens = int32_t(sent);
   tokens.topk = int32_t(K);
-  const kh::CountExchangeArgs counts{im.mailbox_device,     ticket, args.expert_alignment, args.num_worst_tokens,
-                                     handle != fresh.get(), refused};
+  kh::CountExchangeArgs counts{};
+  counts.mailbox = im.mailbox_device;
+  counts.ticket = ticket;
+  counts.expert_alignment = args.expert_alignment;
+  counts.num_worst_tokens = args.num_worst_tokens;
+  counts.cached = handle != fresh.get();
+  counts.refused = refused;
   kh::launch_dispatch(kh::DispatchArgs{view, handle->view(), tokens, counts, &im.counters->dispatch_blocks_done,
                                        &im.counters->dispatch_tokens_claimed},
                       im.config.num_sms, handle == fresh.get(), stream);
@@ -484,9 +489,13 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
       TensorRef::vector(handle->view().expert_counts, ScalarType::int32, im.options.num_experts / R);
   result.handle = fresh ? std::shared_ptr<const HtHandle>(fresh) : args.cached;
   result.finished = im.calls.end(streams, stream);
-  im.latest_outputs =
-      HtDispatchCopies{result.recv_x,        result.recv_x_scales,     result.recv_src_idx,
-                       result.recv_topk_idx, result.recv_topk_weights, result.num_recv_tokens_per_expert};
+  im.latest_outputs = HtDispatchCopies{};
+  im.latest_outputs->recv_x = result.recv_x;
+  im.latest_outputs->recv_x_scales = result.recv_x_scales;
+  im.latest_outputs->recv_src_idx = result.recv_src_idx;
+  im.latest_outputs->recv_topk_idx = result.recv_topk_idx;
+  im.latest_outputs->recv_topk_weights = result.recv_topk_weights;
+  im.latest_outputs->num_recv_tokens_per_expert = result.num_recv_tokens_per_expert;
   return result;
 }
 
