@@ -363,14 +363,15 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   // part, with none, and tells the others through its status word, so that every rank fails this
   // dispatch with an error (and none waits for it until the team's timeout). Not inside a graph capture,
   // where nothing runs: there it throws at once.
-  const std::string too_many = "HT dispatch of " + std::to_string(T) +
-                               " tokens, more than the buffer's max_tokens_per_rank (" +
-                               std::to_string(im.options.max_tokens_per_rank) + ")";
+  const auto too_many = [&] {  // built only when needed: this is every dispatch's path
+    return "HT dispatch of " + std::to_string(T) + " tokens, more than the buffer's max_tokens_per_rank (" +
+           std::to_string(im.options.max_tokens_per_rank) + ")";
+  };
   const bool refused = T > im.options.max_tokens_per_rank;
   if (refused) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     check_cuda(cudaStreamIsCapturing(streams.stream, &capture), "cudaStreamIsCapturing");
-    EPX_REQUIRE(!args.cached && capture == cudaStreamCaptureStatusNone, too_many);
+    EPX_REQUIRE(!args.cached && capture == cudaStreamCaptureStatusNone, too_many());
   }
   core::check_tensor(args.x, {"x", {ScalarType::bf16, ScalarType::fp8_e4m3}, T, -1, true, 16});
   EPX_REQUIRE(H >= 128 && H % 128 == 0 && H <= im.options.hidden,
@@ -452,7 +453,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
     im.wait_for_ticket(ticket, stream);
     im.calls.end(HtStreams{streams.stream}, stream);  // ordered as a call; no `finished` event to hand out
     im.mailbox->failed_rank = -1;
-    detail::fail(ErrorKind::invalid_argument, too_many + "; the dispatch sent nothing on any rank");
+    detail::fail(ErrorKind::invalid_argument, too_many() + "; the dispatch sent nothing on any rank");
   }
 
   HtDispatchResult result;

@@ -194,31 +194,25 @@ std::vector<Expected> expected_rounds(int R, int rounds) {
   return v;
 }
 
+// Runs `round` on the parameter's ranks (0: one process per GPU, two at least; n: n ranks on one GPU) with
+// `rounds` expected cases.
+using ModeRound = void (*)(const std::vector<Expected>&, Team&, cudaStream_t);
+void run_mode(int param, int rounds, ModeRound round) {
+  if (param == 0) EPX_REQUIRE_WORLD_SIZE(2);
+  const auto expected = expected_rounds(param == 0 ? rank_info().world_size : param, rounds);
+  on_ranks(param, [&](Team& team, cudaStream_t stream) { round(expected, team, stream); });
+}
+
 class HtModes : public ::testing::TestWithParam<int> {};
 
-TEST_P(HtModes, CommunicationStreamWithEvents) {
-  if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
-  const auto expected = expected_rounds(GetParam() == 0 ? rank_info().world_size : GetParam(), 1);
-  on_ranks(GetParam(), [&](Team& team, cudaStream_t stream) { async_round(expected, team, stream); });
-}
+TEST_P(HtModes, CommunicationStreamWithEvents) { run_mode(GetParam(), 1, async_round); }
 
-TEST_P(HtModes, WorstCaseCapturedInAGraphAndReplayed) {
-  if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
-  const auto expected = expected_rounds(GetParam() == 0 ? rank_info().world_size : GetParam(), 3);
-  on_ranks(GetParam(), [&](Team& team, cudaStream_t stream) { graph_rounds(expected, team, stream); });
-}
+TEST_P(HtModes, WorstCaseCapturedInAGraphAndReplayed) { run_mode(GetParam(), 3, graph_rounds); }
 
-TEST_P(HtModes, CachedDispatchReturnsWithoutWaitingForItsKernel) {
-  if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
-  const auto expected = expected_rounds(GetParam() == 0 ? rank_info().world_size : GetParam(), 1);
-  on_ranks(GetParam(), [&](Team& team, cudaStream_t stream) { cached_without_host_wait(expected, team, stream); });
-}
+TEST_P(HtModes, CachedDispatchReturnsWithoutWaitingForItsKernel) { run_mode(GetParam(), 1, cached_without_host_wait); }
 
 TEST_P(HtModes, CopiedOutputsAreOrderedBeforeTheNextDispatch) {
-  if (GetParam() == 0) EPX_REQUIRE_WORLD_SIZE(2);
-  const auto expected = expected_rounds(GetParam() == 0 ? rank_info().world_size : GetParam(), 2);
-  on_ranks(GetParam(),
-           [&](Team& team, cudaStream_t stream) { copies_before_the_next_dispatch(expected, team, stream); });
+  run_mode(GetParam(), 2, copies_before_the_next_dispatch);
 }
 
 // Bad arguments are refused before anything is launched, with a message naming them; an invalid expert

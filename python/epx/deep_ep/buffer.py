@@ -370,7 +370,7 @@ class Buffer:
 
     def _torch_layout(self, s: CallStreams, topk_idx, num_experts: int):
         team = self._require_team()
-        with torch().cuda.stream(s.call):
+        with s.on_call_stream():
             layout = layout_of(topk_idx, num_experts, team.size)
         if s.alloc is s.call:
             return list(layout)
