@@ -2,7 +2,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "bench/ll_bench.hpp"
 #include "bench/team_sync.hpp"
@@ -84,6 +86,32 @@ __global__ void ping_pong(TeamView team, transport::SymmetricView flags, int ite
   *elapsed_ns = transport::global_timer_ns() - start;
 }
 
+// The handshake (limits.hpp's Handshake), in a grid shaped as the LL kernels': thread 0 of CTA 0 stores its
+// clock into `to_next` (the next rank's word; only this rank writes it) before anything else, then waits
+// until the previous rank's store into `from_previous` passes the value it saw in its last call
+// (state->seen: each rank's clock only grows), and records how long it waited from its start. The other
+// threads return at once, as an empty kernel's do. No barrier orders a call's store after the peer's read
+// of the last one: the next call starts after the bench's team barrier, which waits for this rank.
+struct HandshakeState {
+  uint64_t seen;   // the previous rank's word as this rank last saw it
+  uint32_t calls;  // calls so far; call i's wait goes to waited_ns[i]
+};
+constexpr uint32_t kHandshakeMaxCalls = 128;
+constexpr int kHandshakeWarmup = 5, kHandshakeReplays = 100;
+
+__global__ void __launch_bounds__(512) handshake(TeamView team, uint64_t* to_next, const uint64_t* from_previous,
+                                                 int previous, HandshakeState* state, uint64_t* waited_ns) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const uint64_t start = transport::global_timer_ns();
+  transport::store_relaxed_sys(to_next, start);
+  const transport::WaitSite site{transport::WaitPhase::test_signal, previous, 1};
+  if (!transport::wait_at_least(team, from_previous, state->seen + 1, site)) return;
+  const uint64_t waited = transport::global_timer_ns() - start;
+  state->seen = transport::load_relaxed_sys(from_previous);
+  if (state->calls < kHandshakeMaxCalls) waited_ns[state->calls] = waited;
+  ++state->calls;
+}
+
 // One thread times a chain of kLoadChain dependent loads of one 8-byte word (zero: each load's address adds
 // the previous value) for each memory in `where` and both kinds of load the LL kernels poll with: out[2 m]
 // a flag's (transport::load_relaxed_sys), out[2 m + 1] a stamped word's (kernels::ll::load_word, volatile),
@@ -118,6 +146,52 @@ struct Context {
   TeamView view;
   int sms;
 };
+
+// The handshake (limits.hpp) timed as the LL calls are, each rank's waits gathered to work out the start skew.
+// `words` is zero from byte 256 on, on every rank.
+Handshake measure_handshake(const Context& c, const transport::SymmetricView& words, int next, int prev,
+                            double flag_latency_us) {
+  constexpr int kWord = 32;  // past the ping-pong's word
+  uint64_t* to_next = reinterpret_cast<uint64_t*>(words.base[next]) + kWord;
+  const uint64_t* from_previous = reinterpret_cast<const uint64_t*>(words.base[c.team.rank()]) + kWord;
+  HandshakeState* state = nullptr;
+  uint64_t* waited = nullptr;
+  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&state), sizeof(HandshakeState), c.stream), "cudaMallocAsync");
+  check_cuda(cudaMemsetAsync(state, 0, sizeof(HandshakeState), c.stream), "cudaMemsetAsync");
+  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&waited), sizeof(uint64_t) * kHandshakeMaxCalls, c.stream),
+             "cudaMallocAsync");
+  Handshake h;
+  const auto call = [&](cudaStream_t s) {
+    handshake<<<c.sms, 512, 0, s>>>(c.view, to_next, from_previous, prev, state, waited);
+    detail::check_launch("handshake");
+  };
+  const auto barrier = [&](cudaStream_t s) { enqueue_team_barrier(c.team, s); };
+  const Timing t = time_graph(c.stream, kHandshakeWarmup, kHandshakeReplays, call, barrier);
+  static_assert(kHandshakeWarmup + kHandshakeReplays <= int(kHandshakeMaxCalls));
+  std::vector<uint64_t> ns(kHandshakeReplays);
+  check_cuda(cudaMemcpyAsync(ns.data(), waited + kHandshakeWarmup, sizeof(uint64_t) * ns.size(), cudaMemcpyDeviceToHost,
+                             c.stream),
+             "cudaMemcpyAsync");
+  check_cuda(cudaFreeAsync(state, c.stream), "cudaFreeAsync");
+  check_cuda(cudaFreeAsync(waited, c.stream), "cudaFreeAsync");
+  check_cuda(cudaStreamSynchronize(c.stream), "cudaStreamSynchronize");
+  c.team.check_device_errors();
+
+  std::vector<double> mine{t.median_us};
+  for (uint64_t v : ns) mine.push_back(double(v) / 1e3);
+  const std::vector<double> all = all_gather(c.team, c.stream, mine);  // [R][1 + replays]
+  const int R = c.team.size(), n = int(mine.size());
+  std::vector<double> skew(kHandshakeReplays, 0.0);
+  for (int r = 0; r < R; ++r) {
+    const double* row = all.data() + std::size_t(r) * n;
+    h.us = std::max(h.us, row[0]);
+    std::vector<double> waits(row + 1, row + n);
+    for (int i = 0; i < kHandshakeReplays; ++i) skew[i] = std::max(skew[i], waits[i] - flag_latency_us);
+    if (r < 2) h.wait_us[r] = summarize(waits).median_us;
+  }
+  h.start_skew_us = summarize(skew).median_us;
+  return h;
+}
 
 double per_direction_gbps(double us) { return double(kBytes) / (us * 1e-6) / 1e9; }
 
@@ -263,6 +337,7 @@ Limits measure_limits(Team& team) {
     limits.load_own_symmetric_ns = {ns[2], ns[3]};
     limits.load_peer_symmetric_ns = {ns[4], ns[5]};
     enqueue_team_barrier(team, stream);  // the peers' chains read this rank's words: done before `flags` goes
+    limits.handshake = measure_handshake(c, team.impl().symmetric_view(flags), next, prev, limits.flag_latency_us);
   }
   // A rank's stamped stores to its own memory: measured in a run of one process on one GPU too (not in a
   // single-GPU multi-rank team).

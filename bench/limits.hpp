@@ -22,6 +22,20 @@ struct LineBurst {
   double us = 0;
 };
 
+// A kernel of the LL grid in which one thread stores a word into the next rank's memory and waits for the
+// previous rank's word, captured in a graph and timed as the LL calls are (limits.cu's handshake): the floor
+// under an LL call that needs anything from a peer. Its clock stamps give how far apart the ranks' kernels
+// start after the bench's team barrier, without a shared clock: a rank's wait lasts the previous rank's start
+// minus its own, plus the hop.
+struct Handshake {
+  double us = 0;               // timed as the LL calls are: the slowest rank's median
+  double wait_us[2] = {0, 0};  // ranks 0 and 1: the median of a rank's wait, from its kernel's start
+  // The median over the timed replays of the largest (wait - flag_latency_us) over the ranks: with 2 ranks
+  // how much later the later rank's kernel started; with more, a lower bound on the latest start minus the
+  // earliest (each rank sees only the previous rank's start).
+  double start_skew_us = 0;
+};
+
 struct Limits {
   bool measured_nvlink = false;     // needs at least 2 ranks on separate GPUs
   double nvlink_sm_store_gbps = 0;  // 16-byte stores, every rank writing to the next at once, per direction
@@ -41,6 +55,7 @@ struct Limits {
   StampProbe stamps_same_gpu;               // and from a rank to its own memory
   // About the LL dispatch's payload to a peer at the default shape (1.0 MB) and its combine's (1.9 MB).
   LineBurst line_bursts[2] = {{std::size_t(1) << 20, 0}, {std::size_t(2) << 20, 0}};
+  Handshake handshake;
 };
 
 // Collective over the team (one process per GPU). Ranks other than 0 return what they measured too.

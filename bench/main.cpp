@@ -330,6 +330,10 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
   for (const LineBurst& b : limits.line_bursts) {
     j.field(("line_burst_" + std::to_string(b.bytes >> 20) + "_mib_us").c_str(), b.us);
   }
+  j.field("handshake_us", limits.handshake.us)
+      .field("handshake_wait_rank0_us", limits.handshake.wait_us[0])
+      .field("handshake_wait_rank1_us", limits.handshake.wait_us[1])
+      .field("handshake_start_skew_us", limits.handshake.start_skew_us);
   j.end_object();
   j.begin_array("results");
   if (ht != nullptr) write_ht_rows(j, *ht);
@@ -346,12 +350,13 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
   }
 }
 
-std::string number_or_dash(double value, const char* format) {
-  if (value <= 0) return "-";
+std::string formatted(double value, const char* format) {
   char text[32];
   std::snprintf(text, sizeof text, format, value);
   return text;
 }
+
+std::string number_or_dash(double value, const char* format) { return value <= 0 ? "-" : formatted(value, format); }
 
 void print_ht_table(const HtBenchResult& ht) {
   std::printf("\nHT, %d rank(s): %d tokens per rank, hidden %d, top-%d of %d experts, buffer %.1f MiB per rank\n",
@@ -389,10 +394,12 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
   std::printf(
       "LL buffer %.1f MiB per rank (target <= %zu MB: %s); one-way flag latency %s us; timed as these calls: a "
       "graph of one empty kernel %.2f us (in a row %.2f us), a launch storing 1 / 2 MiB of lines to the peer %s / %s "
-      "us\n",
+      "us, a launch waiting for a word from the peer %s us (the ranks' start skew %s us)\n",
       mib, kLlBufferTargetBytes / 1000000, ll.buffer_bytes <= kLlBufferTargetBytes ? "met" : "MISSED",
       number_or_dash(l.flag_latency_us, "%.2f").c_str(), l.one_kernel_graph_us, l.one_kernel_graph_in_a_row_us,
-      number_or_dash(l.line_bursts[0].us, "%.2f").c_str(), number_or_dash(l.line_bursts[1].us, "%.2f").c_str());
+      number_or_dash(l.line_bursts[0].us, "%.2f").c_str(), number_or_dash(l.line_bursts[1].us, "%.2f").c_str(),
+      number_or_dash(l.handshake.us, "%.2f").c_str(),
+      l.measured_nvlink ? formatted(l.handshake.start_skew_us, "%.2f").c_str() : "-");
   std::printf(
       "time: the slowest rank's median of %d graph replays (one call each, after a team barrier); in a row: one call "
       "of %d replays back to back; cold: as time, with other code run on every SM before each barrier; *_send and "
@@ -444,6 +451,10 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
                   (std::to_string(b.bytes >> 20) + " MiB of lines to the next rank, as LL calls").c_str(), b.us);
     }
     std::printf("%-44s %9.2f us\n", "flag latency, one way", l.flag_latency_us);
+    std::printf("%-44s %9.2f us\n", "a word from the previous rank, as LL calls", l.handshake.us);
+    std::printf("%-44s %5.2f / %.2f us\n", "  its wait on rank 0 / rank 1 (medians)", l.handshake.wait_us[0],
+                l.handshake.wait_us[1]);
+    std::printf("%-44s %9.2f us\n", "  start skew after the barrier (median)", l.handshake.start_skew_us);
     std::printf("%-44s %12s\n", "NVLink data checked", l.data_checked ? "yes" : "NO");
     const auto print_load = [](const char* where, const LoadRoundTrip& t) {
       std::printf("%-44s %5.0f / %.0f ns\n", (std::string("load round trip, ") + where).c_str(), t.relaxed_sys,
