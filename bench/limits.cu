@@ -66,21 +66,30 @@ __global__ void __launch_bounds__(512) line_burst(uint4* dst, int items) {
 }
 
 // Rank 0 and rank 1 bounce a counter: each waits for the other's value, then bumps the other's flag.
-// flags[0] of each rank is written only by the other rank.
-__global__ void ping_pong(TeamView team, transport::SymmetricView flags, int iterations, uint64_t* elapsed_ns) {
+// Word `word` of each rank's flags is written only by the other rank. kRelease: each store a release, as
+// the library's signals are; otherwise relaxed, as its stamped data and the handshake's word are.
+template <bool kRelease>
+__global__ void ping_pong(TeamView team, transport::SymmetricView flags, int word, int iterations,
+                          uint64_t* elapsed_ns) {
   const int other = 1 - team.rank;
-  uint64_t* mine = reinterpret_cast<uint64_t*>(flags.base[team.rank]);
-  uint64_t* theirs = reinterpret_cast<uint64_t*>(flags.base[other]);
+  uint64_t* mine = reinterpret_cast<uint64_t*>(flags.base[team.rank]) + word;
+  uint64_t* theirs = reinterpret_cast<uint64_t*>(flags.base[other]) + word;
+  const auto bump = [&](int i) {
+    if constexpr (kRelease) {
+      transport::store_release_sys(theirs, i);
+    } else {
+      transport::store_relaxed_sys(theirs, i);
+    }
+  };
+  const transport::WaitSite site{transport::WaitPhase::test_signal, other, uint32_t(word)};
   const uint64_t start = transport::global_timer_ns();
   for (int i = 1; i <= iterations; ++i) {
     if (team.rank == 0) {
-      transport::store_release_sys(theirs, i);
-      if (!transport::wait_at_least(team, mine, i, transport::WaitSite{transport::WaitPhase::test_signal, other, 0}))
-        return;
+      bump(i);
+      if (!transport::wait_at_least(team, mine, i, site)) return;
     } else {
-      if (!transport::wait_at_least(team, mine, i, transport::WaitSite{transport::WaitPhase::test_signal, other, 0}))
-        return;
-      transport::store_release_sys(theirs, i);
+      if (!transport::wait_at_least(team, mine, i, site)) return;
+      bump(i);
     }
   }
   *elapsed_ns = transport::global_timer_ns() - start;
@@ -150,7 +159,7 @@ struct Context {
 // The handshake (limits.hpp) timed as the LL calls are, each rank's waits gathered to work out the start skew.
 // `words` is zero from byte 256 on, on every rank.
 Handshake measure_handshake(const Context& c, const transport::SymmetricView& words, int next, int prev,
-                            double flag_latency_us) {
+                            double hop_us) {
   constexpr int kWord = 32;  // past the ping-pong's word
   uint64_t* to_next = reinterpret_cast<uint64_t*>(words.base[next]) + kWord;
   const uint64_t* from_previous = reinterpret_cast<const uint64_t*>(words.base[c.team.rank()]) + kWord;
@@ -186,7 +195,7 @@ Handshake measure_handshake(const Context& c, const transport::SymmetricView& wo
     const double* row = all.data() + std::size_t(r) * n;
     h.us = std::max(h.us, row[0]);
     std::vector<double> waits(row + 1, row + n);
-    for (int i = 0; i < kHandshakeReplays; ++i) skew[i] = std::max(skew[i], waits[i] - flag_latency_us);
+    for (int i = 0; i < kHandshakeReplays; ++i) skew[i] = std::max(skew[i], waits[i] - hop_us);
     if (r < 2) h.wait_us[r] = summarize(waits).median_us;
   }
   h.start_skew_us = summarize(skew).median_us;
@@ -299,20 +308,27 @@ Limits measure_limits(Team& team) {
       burst.us = time_graph(stream, 5, 100, store, barrier).median_us;
     }
 
-    // One-way flag latency between ranks 0 and 1 (the others sit out).
+    // One-way latencies between ranks 0 and 1 (the others sit out): a release store's (word 0), then a
+    // relaxed one's (word 8).
     SymmetricMemory flags = team.allocate_symmetric(4096);
-    if (team.rank() < 2) {
+    const transport::SymmetricView flags_view = team.impl().symmetric_view(flags);
+    const auto one_way_us = [&](auto kernel, int word) {
       uint64_t* elapsed = nullptr;
       check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&elapsed), sizeof(*elapsed), stream), "cudaMallocAsync");
       enqueue_team_barrier(team, stream);
-      ping_pong<<<1, 1, 0, stream>>>(c.view, team.impl().symmetric_view(flags), kPingPongs, elapsed);
+      kernel<<<1, 1, 0, stream>>>(c.view, flags_view, word, kPingPongs, elapsed);
       detail::check_launch("ping_pong");
       uint64_t ns = 0;
       check_cuda(cudaMemcpyAsync(&ns, elapsed, sizeof(ns), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
       check_cuda(cudaFreeAsync(elapsed, stream), "cudaFreeAsync");
       check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      limits.flag_latency_us = double(ns) / 1e3 / (2.0 * kPingPongs);
+      return double(ns) / 1e3 / (2.0 * kPingPongs);
+    };
+    if (team.rank() < 2) {
+      limits.flag_latency_us = one_way_us(ping_pong<true>, 0);
+      limits.relaxed_word_latency_us = one_way_us(ping_pong<false>, 8);
     } else {
+      enqueue_team_barrier(team, stream);
       enqueue_team_barrier(team, stream);
     }
 
@@ -323,9 +339,8 @@ Limits measure_limits(Team& team) {
     check_cuda(cudaMemsetAsync(private_word, 0, sizeof(uint64_t), stream), "cudaMemsetAsync");
     check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&round_trips), sizeof(double) * 2 * kLoadMemories, stream),
                "cudaMallocAsync");
-    const transport::SymmetricView view = team.impl().symmetric_view(flags);
-    const LoadTargets targets{{private_word, reinterpret_cast<const uint64_t*>(view.base[team.rank()]) + 64,
-                               reinterpret_cast<const uint64_t*>(view.base[next]) + 64}};
+    const LoadTargets targets{{private_word, reinterpret_cast<const uint64_t*>(flags_view.base[team.rank()]) + 64,
+                               reinterpret_cast<const uint64_t*>(flags_view.base[next]) + 64}};
     load_round_trips<<<1, 1, 0, stream>>>(targets, round_trips);
     detail::check_launch("load_round_trips");
     double ns[2 * kLoadMemories] = {};
@@ -337,7 +352,7 @@ Limits measure_limits(Team& team) {
     limits.load_own_symmetric_ns = {ns[2], ns[3]};
     limits.load_peer_symmetric_ns = {ns[4], ns[5]};
     enqueue_team_barrier(team, stream);  // the peers' chains read this rank's words: done before `flags` goes
-    limits.handshake = measure_handshake(c, team.impl().symmetric_view(flags), next, prev, limits.flag_latency_us);
+    limits.handshake = measure_handshake(c, flags_view, next, prev, limits.relaxed_word_latency_us);
   }
   // A rank's stamped stores to its own memory: measured in a run of one process on one GPU too (not in a
   // single-GPU multi-rank team).

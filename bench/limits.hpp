@@ -30,7 +30,7 @@ struct LineBurst {
 struct Handshake {
   double us = 0;               // timed as the LL calls are: the slowest rank's median
   double wait_us[2] = {0, 0};  // ranks 0 and 1: the median of a rank's wait, from its kernel's start
-  // The median over the timed replays of the largest (wait - flag_latency_us) over the ranks: with 2 ranks
+  // The median over the timed replays of the largest (wait - relaxed_word_latency_us) over the ranks: with 2 ranks
   // how much later the later rank's kernel started; with more, a lower bound on the latest start minus the
   // earliest (each rank sees only the previous rank's start).
   double start_skew_us = 0;
@@ -42,7 +42,8 @@ struct Limits {
   int nvlink_sm_store_blocks = 0;   // CTAs used for that
   double nvlink_sm_store_16_blocks_gbps = 0;
   double nvlink_copy_engine_gbps = 0;       // cudaMemcpyAsync to the peer, every rank at once, per direction
-  double flag_latency_us = 0;               // one way, rank 0 <-> rank 1 ping-pong
+  double flag_latency_us = 0;               // one way, rank 0 <-> rank 1 ping-pong of release stores
+  double relaxed_word_latency_us = 0;       // the same with relaxed stores (as stamped data and the handshake go)
   double empty_graph_kernel_us = 0;         // an empty kernel replayed from a CUDA graph (ten per graph)
   double one_kernel_graph_us = 0;           // a graph of one empty kernel, timed as the LL calls are
   double one_kernel_graph_in_a_row_us = 0;  // the same graph, timed as the LL calls in a row are

@@ -305,6 +305,7 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .field("nvlink_sm_store_16_blocks_gbps", limits.nvlink_sm_store_16_blocks_gbps)
       .field("nvlink_copy_engine_gbps", limits.nvlink_copy_engine_gbps)
       .field("flag_latency_us", limits.flag_latency_us)
+      .field("relaxed_word_latency_us", limits.relaxed_word_latency_us)
       .field("empty_graph_kernel_us", limits.empty_graph_kernel_us)
       .field("one_kernel_graph_us", limits.one_kernel_graph_us)
       .field("one_kernel_graph_in_a_row_us", limits.one_kernel_graph_in_a_row_us)
@@ -451,6 +452,7 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
                   (std::to_string(b.bytes >> 20) + " MiB of lines to the next rank, as LL calls").c_str(), b.us);
     }
     std::printf("%-44s %9.2f us\n", "flag latency, one way", l.flag_latency_us);
+    std::printf("%-44s %9.2f us\n", "  with relaxed stores", l.relaxed_word_latency_us);
     std::printf("%-44s %9.2f us\n", "a word from the previous rank, as LL calls", l.handshake.us);
     std::printf("%-44s %5.2f / %.2f us\n", "  its wait on rank 0 / rank 1 (medians)", l.handshake.wait_us[0],
                 l.handshake.wait_us[1]);
