@@ -11,9 +11,10 @@
 //   * Every CTA reads seq = sequence[kCombineDone] + 1, then allows the combine kernel behind it to
 //     start (which stores seq only at its end): no CTA reads a later call's number. No CTA waits for
 //     anything, so this kernel ends whether or not the combine kernel runs beside it.
-//   * After each group: __syncthreads (every warp's stores of the group), then thread 0 fences (system
-//     scope) and sets progress(s, me, l) = (seq, groups done so far) in s's memory (release). The
-//     combine kernel on s reads rows only below what these words promise.
+//   * After each group: __syncthreads (every warp's stores of the group), then thread 0 sets
+//     progress(s, me, l) = (seq, groups done so far) in s's memory with a system-scope release, which
+//     the barrier makes cover every warp's stores. The combine kernel on s reads rows only below what
+//     these words promise.
 #include "core/cuda_check.hpp"
 #include "kernels/common/grid.cuh"
 #include "kernels/ht/copy.cuh"
@@ -69,10 +70,7 @@ __global__ void __launch_bounds__(kThreads) stage_combine_input_kernel(CombineAr
     const int64_t row = first + g * core::kCombineCopyRows + threadIdx.x / kWarp;
     if (row < end) copy_row(a, row, copy_y, copy_weights);
     __syncthreads();  // every warp's stores of the group, before its signal
-    if (threadIdx.x == 0) {
-      __threadfence_system();
-      transport::store_release_sys(b.combine_progress_of(s, me, l), core::stamped(seq, ++done));
-    }
+    if (threadIdx.x == 0) transport::store_release_sys(b.combine_progress_of(s, me, l), core::stamped(seq, ++done));
   }
 }
 
