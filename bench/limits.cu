@@ -308,14 +308,15 @@ Limits measure_limits(Team& team) {
       burst.us = time_graph(stream, 5, 100, store, barrier).median_us;
     }
 
-    // One-way latencies between ranks 0 and 1 (the others sit out): a release store's (word 0), then a
-    // relaxed one's (word 8).
+    // One-way latencies between ranks 0 and 1 (the others only join the barrier and keep 0): a release
+    // store's (word 0), then a relaxed one's (word 8).
     SymmetricMemory flags = team.allocate_symmetric(4096);
     const transport::SymmetricView flags_view = team.impl().symmetric_view(flags);
     const auto one_way_us = [&](auto kernel, int word) {
+      enqueue_team_barrier(team, stream);
+      if (team.rank() >= 2) return 0.0;
       uint64_t* elapsed = nullptr;
       check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&elapsed), sizeof(*elapsed), stream), "cudaMallocAsync");
-      enqueue_team_barrier(team, stream);
       kernel<<<1, 1, 0, stream>>>(c.view, flags_view, word, kPingPongs, elapsed);
       detail::check_launch("ping_pong");
       uint64_t ns = 0;
@@ -324,13 +325,8 @@ Limits measure_limits(Team& team) {
       check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       return double(ns) / 1e3 / (2.0 * kPingPongs);
     };
-    if (team.rank() < 2) {
-      limits.flag_latency_us = one_way_us(ping_pong<true>, 0);
-      limits.relaxed_word_latency_us = one_way_us(ping_pong<false>, 8);
-    } else {
-      enqueue_team_barrier(team, stream);
-      enqueue_team_barrier(team, stream);
-    }
+    limits.flag_latency_us = one_way_us(ping_pong<true>, 0);
+    limits.relaxed_word_latency_us = one_way_us(ping_pong<false>, 8);
 
     // Load round trips: the words past the ping-pong's are zero on every rank.
     uint64_t* private_word = nullptr;

@@ -490,13 +490,9 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
       TensorRef::vector(handle->view().expert_counts, ScalarType::int32, im.options.num_experts / R);
   result.handle = fresh ? std::shared_ptr<const HtHandle>(fresh) : args.cached;
   result.finished = im.calls.end(streams, stream);
-  im.latest_outputs = HtDispatchCopies{};
-  im.latest_outputs->recv_x = result.recv_x;
-  im.latest_outputs->recv_x_scales = result.recv_x_scales;
-  im.latest_outputs->recv_src_idx = result.recv_src_idx;
-  im.latest_outputs->recv_topk_idx = result.recv_topk_idx;
-  im.latest_outputs->recv_topk_weights = result.recv_topk_weights;
-  im.latest_outputs->num_recv_tokens_per_expert = result.num_recv_tokens_per_expert;
+  im.latest_outputs =
+      HtDispatchCopies{result.recv_x,        result.recv_x_scales,     result.recv_src_idx,
+                       result.recv_topk_idx, result.recv_topk_weights, result.num_recv_tokens_per_expert};
   return result;
 }
 
