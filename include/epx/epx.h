@@ -226,11 +226,12 @@ typedef struct epx_ht_combine_args {
   const epx_ht_handle* handle; /* the dispatch this combine reverses */
   epx_tensor out;              /* [in, optional] [T][H] bf16, row stride H: where the sums go (else the buffer's) */
   epx_tensor out_weights;      /* [in, optional] [T][K] float32, row stride K, with topk_weights */
+  epx_tensor second_bias;      /* [in, optional] [T][H] bf16, added after bias */
 } epx_ht_combine_args;
 #define EPX_HT_COMBINE_ARGS_INIT                                                                           \
   {                                                                                                        \
     sizeof(epx_ht_combine_args), EPX_TENSOR_NONE, EPX_TENSOR_NONE, EPX_TENSOR_NONE, NULL, EPX_TENSOR_NONE, \
-        EPX_TENSOR_NONE                                                                                    \
+        EPX_TENSOR_NONE, EPX_TENSOR_NONE                                                                   \
   }
 
 typedef struct epx_ht_combine_result {

@@ -16,9 +16,9 @@
 //     the host wait where that dispatch was exact (N and the per-expert counts are the handle's).
 // combine: y [N][H] BF16 (one row per received row, as dispatch returned them) goes back; the home rank
 // writes out[t] = sum over ranks that received t of y's row (float32 accumulation, ranks ascending),
-// plus bias once, as BF16 [T][H] in the original token order. Optional weights are summed the same way.
-// Home ranks read the rows they need straight from the other ranks' memory (combine_input()), in one
-// pass that also reduces.
+// plus bias, then second_bias (each optional, added once), as BF16 [T][H] in the original token
+// order. Optional weights are summed the same way. Home ranks read the rows they need straight from
+// the other ranks' memory (combine_input()), in one pass that also reduces.
 //
 // Every call but get_layout is collective (all ranks call it in the same order, with the same form,
 // dtype, hidden size and top-k) and runs on the given stream, or on the buffer's communication stream
@@ -114,6 +114,7 @@ struct HtCombineArgs {
   // HtBufferOptions::combine_output).
   TensorRef out;
   TensorRef out_weights;
+  TensorRef second_bias;  // [T][H] bf16, or empty: added after bias (DeepEP's pair of biases)
 };
 
 struct HtCombineResult {

@@ -167,6 +167,7 @@ class HtCombineArgs(Sized):
         ("handle", c_void_p),
         ("out", Tensor),
         ("out_weights", Tensor),
+        ("second_bias", Tensor),
     ]
 
 

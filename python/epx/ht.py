@@ -91,6 +91,15 @@ def _present(ref: _abi.Tensor) -> bool:
     return bool(ref.data) or ref.rows != 0 or ref.cols != 0
 
 
+def bias_pair(bias):
+    """combine's bias argument as (first, second): a tensor or None is the first, a pair is both."""
+    if not isinstance(bias, (tuple, list)):
+        return bias, None
+    if len(bias) != 2:
+        raise ValueError(f"epx: bias is a tensor or a pair of them (either may be None); got {len(bias)} items")
+    return bias[0], bias[1]
+
+
 class HtBuffer(BufferBase):
     """One rank's HT buffer (collective to make and to destroy).
 
@@ -286,6 +295,7 @@ class HtBuffer(BufferBase):
     ) -> HtCombineResult:
         """Collective: x[t] = sum over the ranks that received token t of y's row for it (+ bias).
 
+        bias: a [T, H] bf16 tensor, or DeepEP's pair of them (either may be None), added in that order.
         x goes into `out` ([T, H] bf16, contiguous) when given, else into a fresh tensor with copy=True,
         else into the buffer (a view, valid until the next combine). The weights' sums likewise
         (out_weights, [T, K] float32)."""
@@ -295,6 +305,7 @@ class HtBuffer(BufferBase):
         s = streams or self.streams(**stream_args)
         device = self.team.device
         y_ref = as_matrix(y, "y", device)
+        first_bias, second_bias = bias_pair(bias)
         if copy and out is None:
             out = s.empty((handle.num_tokens, y_ref.cols), t.bfloat16, device)
         if copy and out_weights is None and topk_weights is not None:
@@ -302,10 +313,11 @@ class HtBuffer(BufferBase):
         args = _abi.HtCombineArgs(
             y=y_ref,
             topk_weights=as_optional_matrix(topk_weights, "topk_weights", device),
-            bias=as_optional_matrix(bias, "bias", device),
+            bias=as_optional_matrix(first_bias, "bias", device),
             handle=handle._native,
             out=as_optional_matrix(out, "out", device),
             out_weights=as_optional_matrix(out_weights, "out_weights", device),
+            second_bias=as_optional_matrix(second_bias, "bias[1]", device),
         )
         result = _abi.HtCombineResult()
         native_streams = s.native()
@@ -316,7 +328,7 @@ class HtBuffer(BufferBase):
         weights = None
         if topk_weights is not None:
             weights = out_weights if out_weights is not None else matrix_view(result.topk_weights, device, self)
-        event = s.finish((y, topk_weights, bias, x, weights))
+        event = s.finish((y, topk_weights, first_bias, second_bias, x, weights))
         return HtCombineResult(x, weights, event)
 
     def combine_input(self, rows: int, hidden: int):

@@ -445,6 +445,7 @@ epx_status epx_ht_combine(epx_ht_buffer* buffer, const epx_ht_combine_args* args
     if (a.handle != nullptr) c.handle = a.handle->handle;  // a missing handle is the C++ layer's to report
     c.out = to_ref(a.out, "out");
     c.out_weights = to_ref(a.out_weights, "out_weights");
+    c.second_bias = to_ref(a.second_bias, "second_bias");
     const epx::HtCombineResult r = b.combine(c, to_streams(streams));
     epx_ht_combine_result out{};
     out.x = from_ref(r.x);

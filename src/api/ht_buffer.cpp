@@ -564,6 +564,7 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
               "topk_weights is the buffer's combine input, so it must be the dense view combine_input_weights() "
               "returned");
   core::check_optional_tensor(args.bias, {"bias", {ScalarType::bf16}, handle.num_tokens, H, true, 16});
+  core::check_optional_tensor(args.second_bias, {"second_bias", {ScalarType::bf16}, handle.num_tokens, H, true, 16});
   // The kernel writes row t of the sums at out + t * H (and of the weights' at out_weights + t * K).
   core::check_optional_tensor(args.out, {"out", {ScalarType::bf16}, handle.num_tokens, H, true, 16});
   EPX_REQUIRE(args.out.empty() || args.out.row_stride == H || handle.num_tokens <= 1,
@@ -589,8 +590,8 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   c.y_row_stride = args.y.row_stride;
   c.weights = static_cast<const float*>(args.topk_weights.data);
   c.weights_row_stride = args.topk_weights.row_stride;
-  c.bias = static_cast<const uint16_t*>(args.bias.data);
-  c.bias_row_stride = args.bias.row_stride;
+  c.bias[0] = {static_cast<const uint16_t*>(args.bias.data), args.bias.row_stride};
+  c.bias[1] = {static_cast<const uint16_t*>(args.second_bias.data), args.second_bias.row_stride};
   c.out = out;
   c.out_weights = out_weights;
   c.num_rows = handle.num_rows;

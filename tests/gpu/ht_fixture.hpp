@@ -27,7 +27,8 @@ struct HtCase {
   bool column_major_scales;
   int alignment;
   std::string name;
-  int num_sms = 0;  // HtConfig::num_sms; 0: the default (a single-GPU team of many ranks needs fewer)
+  int num_sms = 0;          // HtConfig::num_sms; 0: the default (a single-GPU team of many ranks needs fewer)
+  bool two_biases = false;  // the combine adds a second bias after the first (DeepEP's pair)
 };
 
 inline void PrintTo(const HtCase& c, std::ostream* os) { *os << c.name; }
@@ -40,6 +41,7 @@ struct Expected {
   ref::HtDispatchResult dispatch;
   std::vector<ref::HtCombineInput> y;
   std::vector<ref::Matrix<uint16_t>> bias;
+  std::vector<ref::Matrix<uint16_t>> second_bias;  // empty unless the case has two biases
   std::vector<ref::HtCombineOutput> combine;
 };
 
@@ -72,8 +74,9 @@ inline Expected build_expected(const HtCase& c, int R, uint32_t seed) {
     const int64_t n = x.dispatch.recv[r].num_recv_tokens;
     x.y.push_back(ref::HtCombineInput{make_bf16(rng, n, c.H), make_floats(rng, n, c.K, -1.0f, 1.0f)});
     x.bias.push_back(make_bf16(rng, c.T, c.H));
+    if (c.two_biases) x.second_bias.push_back(make_bf16(rng, c.T, c.H));
   }
-  x.combine = ref::ht_combine(x.y, x.dispatch.handle, x.bias);
+  x.combine = ref::ht_combine(x.y, x.dispatch.handle, x.bias, x.second_bias);
   return x;
 }
 
@@ -252,9 +255,9 @@ inline RankInputs upload_inputs(const HtCase& c, const ref::HtTokens& in) {
 }
 
 // A rank's combine inputs on the device: y and the weights with rows `y_stride` and `w_stride` apart,
-// and the bias; `args` combines them once its handle is set (the dispatch's, made after these arrays).
+// and the biases; `args` combines them once its handle is set (the dispatch's, made after these arrays).
 struct CombineInputs {
-  std::unique_ptr<DeviceArray> y, weights, bias;
+  std::unique_ptr<DeviceArray> y, weights, bias, second_bias;
   HtCombineArgs args;
 };
 
@@ -267,6 +270,10 @@ inline CombineInputs upload_combine_inputs(const HtCase& c, const Expected& x, i
   in.args.y = TensorRef{in.y->data, ScalarType::bf16, N, c.H, y_stride, 1};
   in.args.topk_weights = TensorRef{in.weights->data, ScalarType::float32, N, c.K, w_stride, 1};
   in.args.bias = TensorRef::matrix(in.bias->data, ScalarType::bf16, c.T, c.H);
+  if (c.two_biases) {
+    in.second_bias = upload(x.second_bias[rank].data);
+    in.args.second_bias = TensorRef::matrix(in.second_bias->data, ScalarType::bf16, c.T, c.H);
+  }
   return in;
 }
 

@@ -267,7 +267,8 @@ TEST(HtValidation, BadArgumentsAndInvalidExpertIds) {
 }
 
 // A buffer made without its own combine output is that much smaller, and its combines write where the
-// caller says: without `out`, or with an `out` of another shape, they are refused before any launch.
+// caller says: without `out`, or with an `out` (or a second bias) of another shape, they are refused
+// before any launch.
 TEST(HtValidation, CombineIntoTheCallersOutput) {
   const auto expected = expected_rounds(2, 1);
   on_single_gpu_team(2, TeamOptions{}, [&](Team& team, cudaStream_t stream) {
@@ -300,6 +301,10 @@ TEST(HtValidation, CombineIntoTheCallersOutput) {
     unweighted.topk_weights = {};
     expect_error(ErrorKind::invalid_argument, {"out_weights is given, topk_weights is not"},
                  [&] { buffer.combine(unweighted, on); });
+    HtCombineArgs short_bias = a;
+    short_bias.second_bias = TensorRef::matrix(out.data, ScalarType::bf16, kCase.T - 1, kCase.H);
+    expect_error(ErrorKind::invalid_argument, {"second_bias must have " + std::to_string(kCase.T) + " rows"},
+                 [&] { buffer.combine(short_bias, on); });
 
     const HtCombineResult c = submit_together([&] { return buffer.combine(a, on); });
     ASSERT_NO_FATAL_FAILURE(complete(team, stream));

@@ -1,5 +1,5 @@
 // HT dispatch and combine against the CPU reference: exact, worst-case and cached forms, BF16 and FP8,
-// int64 and int32 routing, weights and bias, on one process per GPU and on one GPU with 2, 4, 8 ranks.
+// int64 and int32 routing, weights and one or two biases, on one process per GPU and on one GPU with 2, 4, 8 ranks.
 // Every rank rebuilds the whole team's inputs from the case seed, so it checks its own outputs against
 // the reference of the whole exchange, bit for bit (combine too: the GPU adds ranks in the reference's
 // order). Outputs are poisoned before the second and third dispatch, and the buffer's combine input
@@ -118,7 +118,7 @@ std::vector<HtCase> cases() {
       {0, 4096, 7168, 8, 256, Rt::uniform, 0.1, true, true, true, 1, "World_DeepSeekShape_Fp8ColumnMajorScales_Int32"},
       {0, 0, 2048, 6, 64, Rt::uniform, 0.1, false, false, false, 1, "World_NoTokens"},
       {0, 1, 2048, 1, kExpertsEqualRanks, Rt::uniform, 0.0, false, false, false, 1, "World_OneToken_ExpertsEqualRanks"},
-      {0, 100, 2048, 8, 64, Rt::zipf, 0.1, false, false, false, 4, "World_Zipf_Aligned4"},
+      {0, 100, 2048, 8, 64, Rt::zipf, 0.1, false, false, false, 4, "World_Zipf_Aligned4_TwoBiases", 0, true},
       {0, 100, 7168, 6, 256, Rt::one_hot, 0.1, true, false, false, 1, "World_OneHotExpert_Fp8"},
   };
   for (int R : {2, 4, 8}) {
@@ -140,8 +140,10 @@ std::vector<HtCase> cases() {
   // Every rank's kernels must be resident at once: 33 ranks of 3 SMs each passed on an H200, 40 did
   // not (every rank's count wait expired).
   v.push_back({33, 64, 2048, 8, 66, Rt::uniform, 0.1, false, false, false, 1, "SingleGpu33_Uniform", 3});
-  // A row of 2304 bytes: the combine pulls rows in pieces of 2 KiB, so its last piece is partial.
-  v.push_back({2, 100, 1152, 8, 64, Rt::uniform, 0.1, true, false, false, 1, "SingleGpu2_Hidden1152_Fp8"});
+  // A row of 2304 bytes: the combine pulls rows in pieces of 2 KiB, so its last piece is partial (and the
+  // biases' last chunk too).
+  v.push_back(
+      {2, 100, 1152, 8, 64, Rt::uniform, 0.1, true, false, false, 1, "SingleGpu2_Hidden1152_Fp8_TwoBiases", 0, true});
   // Send positions that carry over between the layout kernel's tiles (of 256 tokens); more than 8 slots.
   v.push_back({2, 2500, 2048, 9, 64, Rt::zipf, 0.1, false, false, false, 1, "SingleGpu2_TenLayoutTiles_NineSlots"});
   return v;

@@ -81,8 +81,8 @@ LlCase stress_ll_case(int single_gpu_ranks, int T, int K, Routing routing, doubl
 }
 
 // Iteration i: HT when i is even, LL when odd. The routing kind cycles with j = i / 2, so HT and LL
-// each meet every kind; the payload and the id type change every cycle of kinds. Every rank builds
-// the same iteration from i alone.
+// each meet every kind; the payload and the id type change every cycle of kinds, HT's second bias
+// every other pair of cycles. Every rank builds the same iteration from i alone.
 Iteration build_iteration(int i, int R, int single_gpu_ranks) {
   const int j = i / 2;
   const Kind kind = Kind(j % kKinds);
@@ -104,10 +104,22 @@ Iteration build_iteration(int i, int R, int single_gpu_ranks) {
             ", T = " + std::to_string(T) + ", " + (int32_idx ? "int32" : "int64") + " ids, ";
   if (it.is_ht) {
     const bool fp8 = (j / (2 * kKinds)) % 2 == 1;
-    it.name += fp8 ? "fp8)" : "bf16)";
-    // team, T, H, K, E, routing, p_empty, fp8, int32 ids, column-major scales (no: row-major strides do not
-    // depend on T), expert alignment, name
-    it.ht_case = HtCase{single_gpu_ranks, T, kHidden, K, kExperts, routing, p_empty, fp8, int32_idx, false, 1, it.name};
+    const bool two_biases = (j / (4 * kKinds)) % 2 == 1;
+    it.name += std::string(fp8 ? "fp8" : "bf16") + (two_biases ? ", two biases)" : ")");
+    // Row-major scales only: their strides do not depend on T.
+    it.ht_case = HtCase{.single_gpu_ranks = single_gpu_ranks,
+                        .T = T,
+                        .H = kHidden,
+                        .K = K,
+                        .E = kExperts,
+                        .routing = routing,
+                        .p_empty = p_empty,
+                        .fp8 = fp8,
+                        .int32_idx = int32_idx,
+                        .column_major_scales = false,
+                        .alignment = 1,
+                        .name = it.name,
+                        .two_biases = two_biases};
     it.ht_expected = build_expected(it.ht_case, R, seed);
   } else {
     it.ll_payload = (j / (2 * kKinds)) % kLlPayloadCount;
@@ -165,11 +177,12 @@ class IterationSource {
 // One rank's HT combine inputs, sized for every rank's T_max tokens; each iteration writes its rows at
 // the front (the dispatch inputs are the fixture's RankInputs).
 struct HtCombineArrays {
-  DeviceArray y, y_weights, bias;
+  DeviceArray y, y_weights, bias, second_bias;
   explicit HtCombineArrays(int R)
       : y(std::size_t(R) * kTokensMax * kHidden * 2),
         y_weights(std::size_t(R) * kTokensMax * kTopk * 4),
-        bias(std::size_t(kTokensMax) * kHidden * 2) {}
+        bias(std::size_t(kTokensMax) * kHidden * 2),
+        second_bias(std::size_t(kTokensMax) * kHidden * 2) {}
 };
 
 // One rank's buffers and arrays, made once: no iteration calls cudaMalloc or cudaFree (cudaFree waits
@@ -199,8 +212,9 @@ struct Rig {
   }
 };
 
-// Dispatch and combine with weights and bias, checked as ht_test.cu checks its exact form. Each call is
-// submitted together with the other ranks' (submit_together, single_gpu_ranks.hpp), after its copies.
+// Dispatch and combine with weights and one or two biases, checked as ht_test.cu checks its exact form.
+// Each call is submitted together with the other ranks' (submit_together, single_gpu_ranks.hpp), after
+// its copies.
 void ht_exchange(const Iteration& it, Rig& rig, int rank, cudaStream_t stream) {
   const HtCase& c = it.ht_case;
   const Expected& x = it.ht_expected;
@@ -221,6 +235,10 @@ void ht_exchange(const Iteration& it, Rig& rig, int rank, cudaStream_t stream) {
   args.y = TensorRef::matrix(a.y.data, ScalarType::bf16, N, c.H);
   args.topk_weights = TensorRef::matrix(a.y_weights.data, ScalarType::float32, N, c.K);
   args.bias = TensorRef::matrix(a.bias.data, ScalarType::bf16, c.T, c.H);
+  if (c.two_biases) {
+    copy_to_device(a.second_bias.data, x.second_bias[rank].data);
+    args.second_bias = TensorRef::matrix(a.second_bias.data, ScalarType::bf16, c.T, c.H);
+  }
   args.handle = got.handle;
   const HtCombineResult out = submit_together([&] { return rig.ht.combine(args, HtStreams{stream}); });
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);

@@ -83,16 +83,18 @@ def ref_ht_dispatch(inputs, rank, alignment=1):
     return recv_x, torch.tensor(src, dtype=torch.int32), recv_topk, recv_w, counts
 
 
-def ref_ht_combine(inputs, home, y_scale, bias=None):
-    """out[t] = sum over the ranks r that received t (ascending) of bf16(x[t] * y_scale(r)), float32 sum."""
+def ref_ht_combine(inputs, home, y_scale, biases=()):
+    """out[t] = sum over the ranks r that received t (ascending) of bf16(x[t] * y_scale(r)), then each bias
+    given, float32 sum."""
     x, topk, _ = (a.cpu() for a in inputs[home])
     _, _, in_rank = ref_layout(topk)
     out = torch.zeros(x.size(0), HIDDEN)
     for r in range(R):
         rows = in_rank[:, r]
         out[rows] += (x[rows].float() * y_scale(r)).bfloat16().float()
-    if bias is not None:
-        out += bias.cpu().float()
+    for bias in biases:
+        if bias is not None:
+            out += bias.cpu().float()
     return out.bfloat16()
 
 
@@ -216,7 +218,7 @@ def ht_dispatch_combine_bf16(ctx):
     y = (recv_x.float() * rank_scale(ctx.rank)).bfloat16()
     bias = torch.randn(x.size(0), HIDDEN, device=x.device).bfloat16()
     combined, combined_w, event = ctx.ht.combine(y, handle, topk_weights=recv_w, bias=bias)
-    close(combined, ref_ht_combine(inputs, ctx.rank, rank_scale, bias), "combined_x")
+    close(combined, ref_ht_combine(inputs, ctx.rank, rank_scale, [bias]), "combined_x")
     equal(combined_w, torch.where(topk >= 0, w, 0.0), "combined_topk_weights")
     # outputs are fresh tensors: a second dispatch leaves the first one's alone
     kept = recv_x.clone()
@@ -293,9 +295,10 @@ def ht_dispatch_by_rank(ctx):
     equal(handle.recv_src_idx, want_src, "recv_src_idx (by rank)")
     assert counts == want_counts, (counts, want_counts)
     y = (recv_x.float() * rank_scale(ctx.rank)).bfloat16()
-    combined, combined_w, _ = ctx.ht.combine(y, handle)
+    biases = [torch.randn(x.size(0), HIDDEN, device=x.device).bfloat16() for _ in range(2)]
+    combined, combined_w, _ = ctx.ht.combine(y, handle, bias=tuple(biases))  # DeepEP's pair
     assert combined_w is None
-    close(combined, ref_ht_combine(inputs, ctx.rank, rank_scale), "combined_x (by rank)")
+    close(combined, ref_ht_combine(inputs, ctx.rank, rank_scale, biases), "combined_x (by rank, two biases)")
     out = ctx.ht.dispatch(x, handle=handle)  # cached, as DeepEP's test does after a dispatch without top-k
     equal(out[0], want_x, "recv_x (by rank, cached)")
     try:

@@ -101,19 +101,18 @@ def test_ht_arguments(torch):
         buffer._streams(None, False, True)
 
 
-def test_bias_pairs_are_refused_with_a_reason(torch):
-    buffer = offline_buffer()
-    from epx.deep_ep.buffer import DispatchHandle
+def test_bias_is_a_tensor_or_a_pair():
+    from epx.ht import bias_pair
 
-    class FakeHt:
-        pass
-
-    handle = DispatchHandle.__new__(DispatchHandle)
-    handle.native = FakeHt()
-    handle.native.buffer = buffer._ht = FakeHt()
-    b = torch.zeros(4, 128, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="one bias"):
-        buffer.combine(b, handle, bias=(b, b))
+    first, second = object(), object()
+    assert bias_pair(None) == (None, None)
+    assert bias_pair(first) == (first, None)
+    assert bias_pair((first, second)) == (first, second)
+    assert bias_pair([None, second]) == (None, second)
+    with pytest.raises(ValueError, match="got 3 items"):
+        bias_pair((first, second, first))
+    with pytest.raises(ValueError, match="got 1 items"):
+        bias_pair((first,))
 
 
 def test_counter_tensors_are_checked(torch):

@@ -542,18 +542,13 @@ class Buffer:
         allocate_on_comm_stream: bool = False,
     ):
         """HT combine: (combined_x [T, H] bf16, combined_topk_weights [T, K] float32 or None, event).
-        Sums, without weights, each token's rows from the ranks it went to (float32 accumulation). bias: a
-        tensor, or DeepEP's pair with at most one tensor (epx adds one bias; two raise)."""
+        Sums, without weights, each token's rows from the ranks it went to (float32 accumulation), then
+        adds bias: a tensor, or DeepEP's pair (bias_0 then bias_1; either may be None)."""
         if not isinstance(handle, DispatchHandle):
             raise TypeError("epx: handle must be the one epx.deep_ep's dispatch returned")
         buffer = handle.native.buffer
         if buffer is not self._ht:
             raise RuntimeError("epx: the handle's HT buffer was replaced since its dispatch")
-        if isinstance(bias, (tuple, list)):
-            given = [b for b in bias if b is not None]
-            if len(given) > 1:
-                raise NotImplementedError("epx: combine adds one bias; pass their sum")
-            bias = given[0] if given else None
         self._set_ht_sms(buffer, config)
         s = self._streams(previous_event, async_finish, allocate_on_comm_stream)
         r = buffer.combine(x, handle.native, topk_weights=topk_weights, bias=bias, copy=True, streams=s)

@@ -1,9 +1,10 @@
 // HT combine, pull form: each home rank reads, for each of its tokens, the rows that the ranks which
 // received the token hold in their combine input (over NVLink; its own rows from the caller's y, which
-// combine_input.cu does not copy), and reduces them
-// in one pass: out[t] = bf16(sum over r ascending with send_pos[t][r] >= 0 of float(row of t on r),
-// then + float(bias[t])), plain float adds in that order (bit-equal to the reference); the weights
-// likewise. Rank r's row of token t is send_begin[r] + send_pos[t][r] (the dispatch's layout).
+// combine_input.cu does not copy), and reduces them in one pass:
+//   out[t] = bf16(sum over r ascending with send_pos[t][r] >= 0 of float(row of t on r),
+//                 then + float(bias[t]), then + float(second_bias[t])),
+// plain float adds in that order (bit-equal to the reference); the weights likewise. Rank r's row of
+// token t is send_begin[r] + send_pos[t][r] (the dispatch's layout).
 //
 // Data path: the copy engine (bulk loads, bulk_copy.cuh) pulls the rows, so the bytes in flight are
 // bounded by shared memory, not by registers. A row is cut into pieces of kPieceBytes. Each warp owns
@@ -148,15 +149,17 @@ __device__ void accumulate(float (&acc)[8], const int4& v) {
 }
 
 // Writes a lane's share of one chunk of a token's output row (the chunk: `vectors` vectors from vector
-// `first`; fewer than a piece's only in a row's partial last chunk): its sums, plus the bias row's (if
-// any) same vectors, rounded to BF16.
-__device__ void write_chunk(float (&acc)[kVectorsPerLane][8], int4* out_row, const int4* bias_row, int first,
-                            int vectors) {
+// `first`; fewer than a piece's only in a row's partial last chunk): its sums, plus the same vectors of
+// each bias row given (null where not), first then second, rounded to BF16.
+__device__ void write_chunk(float (&acc)[kVectorsPerLane][8], int4* out_row, const int4* const (&bias_rows)[2],
+                            int first, int vectors) {
   const int lane = threadIdx.x % kWarp;
-  if (bias_row != nullptr) {
+#pragma unroll
+  for (const int4* row : bias_rows) {
+    if (row == nullptr) continue;
 #pragma unroll
     for (int u = 0; u < kVectorsPerLane; ++u) {
-      if (u * kWarp + lane < vectors) accumulate(acc[u], load_stream(bias_row + first + u * kWarp + lane));
+      if (u * kWarp + lane < vectors) accumulate(acc[u], load_stream(row + first + u * kWarp + lane));
     }
   }
   int4* out = out_row + first;
@@ -165,6 +168,11 @@ __device__ void write_chunk(float (&acc)[kVectorsPerLane][8], int4* out_row, con
     const uint4 packed = to_bf16(acc[u]);
     if (u * kWarp + lane < vectors) out[u * kWarp + lane] = reinterpret_cast<const int4&>(packed);
   }
+}
+
+// Row t of a bias, or null where it was not given.
+__device__ const int4* bias_row(const CombineArgs::Bias& bias, int64_t t) {
+  return bias.data != nullptr ? reinterpret_cast<const int4*>(bias.data + t * bias.row_stride) : nullptr;
 }
 
 // Token t's weight for top-k slot k: its rows' weights added in ascending rank order (the reference's).
@@ -351,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
     const int64_t t = tokens.token(i);
     const int n = count_rows(load_positions(a, R, t));  // the loader read them: in L1
     int4* out_row = reinterpret_cast<int4*>(a.out + t * a.hidden);
-    const int4* bias_row = a.bias != nullptr ? reinterpret_cast<const int4*>(a.bias + t * a.bias_row_stride) : nullptr;
+    const int4* const bias_rows[2] = {bias_row(a.bias[0], t), bias_row(a.bias[1], t)};
     for (int offset = 0; ok && offset < row_bytes; offset += kPieceBytes) {
       float acc[kVectorsPerLane][8] = {};
       for (int j = 0; j < n; ++j, adding.advance()) {
@@ -370,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
         for (int u = 0; u < kVectorsPerLane; ++u) accumulate(acc[u], piece[u * kWarp + lane]);
       }
       if (!ok) break;
-      write_chunk(acc, out_row, bias_row, offset / 16, min(kPieceBytes, row_bytes - offset) / 16);
+      write_chunk(acc, out_row, bias_rows, offset / 16, min(kPieceBytes, row_bytes - offset) / 16);
     }
     if (ok && a.out_weights != nullptr && lane < a.topk) a.out_weights[t * a.topk + lane] = sum_weights(a, t, lane);
   }

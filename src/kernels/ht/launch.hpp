@@ -94,8 +94,11 @@ struct CombineArgs {
   int64_t y_row_stride;
   const float* weights;  // the caller's weights [num_rows][K] (or the combine input's); null with out_weights
   int64_t weights_row_stride;
-  const uint16_t* bias;  // [T][H] or null
-  int64_t bias_row_stride;
+  // [T][H] bf16 rows added to the sums, first then second (DeepEP's pair); data null where not given.
+  struct Bias {
+    const uint16_t* data;
+    int64_t row_stride;
+  } bias[2];
   uint16_t* out;       // [T][H]
   float* out_weights;  // [T][K] or null (then no weights are read)
   int64_t num_rows;    // rows of y: N, or num_worst_tokens

@@ -33,6 +33,13 @@ TEST(HtCombine, HandWorkedSums) {
   const auto biased = ht_combine(y, handle, bias);
   EXPECT_EQ(biased[0].x, constant_rows({9.5f, 2.5f, 0.5f}, 2));
   EXPECT_EQ(biased[1].x, constant_rows({16.5f, 36.5f}, 2));
+
+  const std::vector<Matrix<uint16_t>> second = {constant_rows({0.25f, 0.25f, 0.25f}, 2),
+                                                constant_rows({0.25f, 0.25f}, 2)};
+  const auto both = ht_combine(y, handle, bias, second);
+  EXPECT_EQ(both[0].x, constant_rows({9.75f, 2.75f, 0.75f}, 2));
+  EXPECT_EQ(both[1].x, constant_rows({16.75f, 36.75f}, 2));
+  EXPECT_EQ(ht_combine(y, handle, {}, second)[1].x, constant_rows({16.25f, 36.25f}, 2));
 }
 
 TEST(HtCombine, WeightsSumBackToTheRouterWeights) {
@@ -60,7 +67,7 @@ TEST(HtCombine, AccumulatesInFloatAndRoundsOnce) {
   EXPECT_EQ(bf16_value(ht_combine(y, handle)[0].x.at(0, 0)), 258.0f);
 }
 
-TEST(HtCombine, SumsRanksInAscendingOrderThenTheBias) {
+TEST(HtCombine, SumsRanksInAscendingOrderThenTheBiases) {
   const HtHandle handle = one_token_to_three_ranks();
   const float big = std::ldexp(1.0f, 30);
   // (2^30 + -2^30) + 1 = 1, whereas 2^30 + (-2^30 + 1) = 0 in float.
@@ -72,9 +79,16 @@ TEST(HtCombine, SumsRanksInAscendingOrderThenTheBias) {
       {constant_rows({big}, 1), {}}, {constant_rows({-big}, 1), {}}, {constant_rows({0}, 1), {}}};
   const std::vector<Matrix<uint16_t>> bias = {constant_rows({1}, 1), Matrix<uint16_t>(0, 1), Matrix<uint16_t>(0, 1)};
   EXPECT_EQ(bf16_value(ht_combine(y2, handle, bias)[0].x.at(0, 0)), 1.0f);
+  // The second bias after the first: (2^30 + -2^30) + 1 = 1; the other way, (2^30 + 1) + -2^30 = 0.
+  const std::vector<HtCombineInput> y3 = {
+      {constant_rows({big}, 1), {}}, {constant_rows({0}, 1), {}}, {constant_rows({0}, 1), {}}};
+  const std::vector<Matrix<uint16_t>> minus_big = {constant_rows({-big}, 1), Matrix<uint16_t>(0, 1),
+                                                   Matrix<uint16_t>(0, 1)};
+  EXPECT_EQ(bf16_value(ht_combine(y3, handle, minus_big, bias)[0].x.at(0, 0)), 1.0f);
+  EXPECT_EQ(bf16_value(ht_combine(y3, handle, bias, minus_big)[0].x.at(0, 0)), 0.0f);
 }
 
-TEST(HtCombine, AcceptsWorstCasePaddingRowsAndRejectsShortInputs) {
+TEST(HtCombine, AcceptsWorstCasePaddingRowsAndRejectsShortInputsAndBiases) {
   const auto tokens = testing::ht_hand_tokens();
   const HtHandle handle = ht_dispatch(tokens, ExpertPlacement(4, 2)).handle;
   const std::vector<HtCombineInput> padded = {{constant_rows({1, 2, 4, 99, 99}, 2), {}},
@@ -82,6 +96,8 @@ TEST(HtCombine, AcceptsWorstCasePaddingRowsAndRejectsShortInputs) {
   EXPECT_EQ(ht_combine(padded, handle)[1].x, constant_rows({16, 36}, 2));
   const std::vector<HtCombineInput> short_y = {{constant_rows({1, 2}, 2), {}}, {constant_rows({8, 16, 32}, 2), {}}};
   EXPECT_THROW(ht_combine(short_y, handle), std::invalid_argument);
+  const std::vector<Matrix<uint16_t>> short_bias = {constant_rows({1, 1, 1}, 2), constant_rows({1}, 2)};
+  EXPECT_THROW(ht_combine(padded, handle, {}, short_bias), std::invalid_argument);
 }
 
 // combine(dispatch(x)) with y = recv_x returns x times the number of ranks the token went to.

@@ -23,9 +23,10 @@
 //
 // Combine contract, for home rank s and its token t:
 //   out[t][h] = bf16(acc), acc = 0.0f; for r = 0 .. R-1 ascending, if t was received by r at row i:
-//   acc = acc + float(y_r[i][h]); then, with a bias, acc = acc + float(bias_s[t][h]). Plain float
-//   adds (no fused multiply-add anywhere). Combined weights: the same sum over r of w_r[i][k],
-//   with no bias. A token received by no rank gives bf16(0 + bias), i.e. 0 without bias.
+//   acc = acc + float(y_r[i][h]); then, with a bias, acc = acc + float(bias_s[t][h]); then, with a
+//   second bias, acc = acc + float(second_bias_s[t][h]). Plain float adds (no fused multiply-add
+//   anywhere). Combined weights: the same sum over r of w_r[i][k], with no bias. A token received by
+//   no rank gives bf16(0 + biases), i.e. 0 without a bias.
 #pragma once
 
 #include <cstdint>
@@ -104,9 +105,10 @@ struct HtCombineOutput {
   Matrix<float> topk_weights;  // [T_s][K] when weights were given, else empty
 };
 
-// Combine; y[r] is expert-side rank r's input; bias is empty or one [T_s][H] BF16 matrix per home
-// rank. Returns one output per home rank.
+// Combine; y[r] is expert-side rank r's input; bias and second_bias are each empty or one [T_s][H]
+// BF16 matrix per home rank. Returns one output per home rank.
 std::vector<HtCombineOutput> ht_combine(std::span<const HtCombineInput> y, const HtHandle& handle,
-                                        std::span<const Matrix<uint16_t>> bias = {});
+                                        std::span<const Matrix<uint16_t>> bias = {},
+                                        std::span<const Matrix<uint16_t>> second_bias = {});
 
 }  // namespace epx::ref
