@@ -191,11 +191,13 @@ typedef struct epx_ht_dispatch_result {
   int32_t num_recv_tokens_per_expert_host_valid;
   epx_ht_handle* handle; /* [out] the caller's: release it */
   cudaEvent_t finished;  /* [out] with async */
+  /* [out] [R][R] int32, device, held by the handle: [s][d] = tokens rank s sends rank d */
+  epx_tensor count_matrix;
 } epx_ht_dispatch_result;
 #define EPX_HT_DISPATCH_RESULT_INIT                                                                           \
   {                                                                                                           \
     sizeof(epx_ht_dispatch_result), 0, 0, EPX_TENSOR_NONE, EPX_TENSOR_NONE, EPX_TENSOR_NONE, EPX_TENSOR_NONE, \
-        EPX_TENSOR_NONE, EPX_TENSOR_NONE, NULL, 0, NULL, NULL                                                 \
+        EPX_TENSOR_NONE, EPX_TENSOR_NONE, NULL, 0, NULL, NULL, EPX_TENSOR_NONE                                \
   }
 
 /* Collective. Outputs are views into the buffer, valid until the next dispatch on it is enqueued. */

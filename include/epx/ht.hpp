@@ -84,14 +84,17 @@ struct HtDispatchArgs {
 };
 
 struct HtDispatchResult {
-  int64_t num_rows = 0;                                  // rows of every output: N (exact, cached) or num_worst_tokens
-  int64_t num_recv_tokens = -1;                          // N, or -1 in worst-case form (then it is only on the device)
-  TensorRef recv_x;                                      // [rows][H], the dtype of x
-  TensorRef recv_x_scales;                               // fp8: [rows][H/128] float32, row-major
-  TensorRef recv_src_idx;                                // [rows] int32
-  TensorRef recv_topk_idx;                               // [rows][K], the dtype of topk_idx, local expert ids or -1
-  TensorRef recv_topk_weights;                           // [rows][K] float32 (0 where recv_topk_idx is -1)
-  TensorRef num_recv_tokens_per_expert;                  // [E_local] int32, on the device
+  int64_t num_rows = 0;                  // rows of every output: N (exact, cached) or num_worst_tokens
+  int64_t num_recv_tokens = -1;          // N, or -1 in worst-case form (then it is only on the device)
+  TensorRef recv_x;                      // [rows][H], the dtype of x
+  TensorRef recv_x_scales;               // fp8: [rows][H/128] float32, row-major
+  TensorRef recv_src_idx;                // [rows] int32
+  TensorRef recv_topk_idx;               // [rows][K], the dtype of topk_idx, local expert ids or -1
+  TensorRef recv_topk_weights;           // [rows][K] float32 (0 where recv_topk_idx is -1)
+  TensorRef num_recv_tokens_per_expert;  // [E_local] int32, on the device
+  // [R][R] int32 on the device, held by the handle: [s][d] = tokens rank s sends rank d in this dispatch
+  // (the whole team's; DeepEP's rank_prefix_matrix is its running sum over s). 0s after a failed input.
+  TensorRef count_matrix;
   std::vector<int32_t> num_recv_tokens_per_expert_host;  // exact and cached forms only
   std::shared_ptr<const HtHandle> handle;                // for combine and cached dispatch
   cudaEvent_t finished = nullptr;                        // with HtStreams::async

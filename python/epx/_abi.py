@@ -151,6 +151,7 @@ class HtDispatchResult(Sized):
         ("num_recv_tokens_per_expert_host_valid", c_int32),
         ("handle", c_void_p),
         ("finished", c_void_p),
+        ("count_matrix", Tensor),
     ]
 
 

@@ -76,6 +76,8 @@ class HtDispatchResult:
     num_recv_tokens_per_expert: "torch.Tensor"  # [E_local] int32 on the device (aligned)
     num_recv_tokens_per_expert_list: Optional[List[int]]  # the same on the host; None in worst-case form
     num_recv_tokens: Optional[int]  # N; None in worst-case form (then it is only on the device)
+    # [R, R] int32 on the device, held by the handle: [s][d] = tokens rank s sends rank d in this dispatch
+    count_matrix: "torch.Tensor"
     handle: HtHandle
     event: Optional["torch.cuda.Event"]  # with async_op
 
@@ -223,6 +225,7 @@ class HtBuffer(BufferBase):
                 host_counts[:E_local] if result.num_recv_tokens_per_expert_host_valid else None
             ),
             num_recv_tokens=int(result.num_recv_tokens) if result.num_recv_tokens >= 0 else None,
+            count_matrix=matrix_view(result.count_matrix, self.team.device, handle),
             handle=handle,
             event=None,
         )
@@ -238,6 +241,7 @@ class HtBuffer(BufferBase):
                 dispatched.recv_topk_idx,
                 dispatched.recv_topk_weights,
                 dispatched.num_recv_tokens_per_expert,
+                dispatched.count_matrix,
             )
         )
         return dispatched

@@ -410,6 +410,7 @@ epx_status epx_ht_dispatch(epx_ht_buffer* buffer, const epx_ht_dispatch_args* ar
     }
     out.handle = new epx_ht_handle{std::move(r.handle)};
     out.finished = r.finished;
+    out.count_matrix = from_ref(r.count_matrix);
     write_struct(result, result_size, out);
   });
 }

@@ -488,6 +488,7 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   result.recv_topk_weights = TensorRef::matrix(base + im.areas.recv_topk_weights, ScalarType::float32, rows, K);
   result.num_recv_tokens_per_expert =
       TensorRef::vector(handle->view().expert_counts, ScalarType::int32, im.options.num_experts / R);
+  result.count_matrix = TensorRef::matrix(handle->view().count_matrix, ScalarType::int32, R, R);
   result.handle = fresh ? std::shared_ptr<const HtHandle>(fresh) : args.cached;
   result.finished = im.calls.end(streams, stream);
   im.latest_outputs =

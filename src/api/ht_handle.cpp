@@ -21,6 +21,7 @@ std::size_t lay_out(int R, int max_tokens, int E, char* base, kernels::ht::Handl
   v.recv_begin = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * (R + 1)));
   v.expert_counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * (E / R)));
   v.rank_counts = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * R));
+  v.count_matrix = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * R * R));
   v.expert_totals = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * E));
   v.status = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
   v.input_error = reinterpret_cast<kernels::ht::InputError*>(take(sizeof(kernels::ht::InputError)));

@@ -209,6 +209,16 @@ inline void check_dispatch(const HtCase& c, int rank, const HtDispatchResult& go
   EXPECT_EQ(download<int32_t>(got.num_recv_tokens_per_expert), want.num_recv_tokens_per_expert) << "rank " << rank;
 }
 
+// The dispatch's count matrix against the reference's routing: [s][d] = rows of source s on rank d.
+inline void check_count_matrix(int rank, const HtDispatchResult& got, const ref::HtHandle& want) {
+  const int R = int(want.num_recv_tokens.size());
+  std::vector<int32_t> expected(std::size_t(R) * R);
+  for (int s = 0; s < R; ++s) {
+    for (int d = 0; d < R; ++d) expected[s * R + d] = want.recv_count.at(d, s);
+  }
+  EXPECT_EQ(download<int32_t>(got.count_matrix), expected) << "rank " << rank << ": count_matrix";
+}
+
 // One rank's dispatch inputs on the device, sized for `max_tokens` tokens. write_inputs puts a case's
 // rows at their front and points `args` at them; the arrays keep their addresses, as a captured graph
 // and a loop of calls without allocations (single-GPU teams, see docs/CONTRIBUTING.md) need.

@@ -50,6 +50,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   ASSERT_EQ(exact.num_recv_tokens, N) << "rank " << rank;
   EXPECT_EQ(exact.num_recv_tokens_per_expert_host, want.num_recv_tokens_per_expert) << "rank " << rank;
   check_dispatch(c, rank, exact, want, N);
+  check_count_matrix(rank, exact, x.dispatch.handle);
 
   // 2. Worst-case form, outputs poisoned first.
   poison(exact.recv_x, stream);
@@ -63,6 +64,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   ASSERT_NO_FATAL_FAILURE(complete(team, stream));
   EXPECT_EQ(padded.num_rows, worst.num_worst_tokens);
   check_dispatch(c, rank, padded, want, N);
+  check_count_matrix(rank, padded, x.dispatch.handle);
 
   // 3. Cached form with the exact form's handle, outputs poisoned first.
   poison(padded.recv_x, stream);
@@ -74,6 +76,7 @@ void run_rank(const HtCase& c, const Expected& x, Team& team, cudaStream_t strea
   ASSERT_EQ(again.num_recv_tokens, N);
   EXPECT_EQ(again.num_recv_tokens_per_expert_host, want.num_recv_tokens_per_expert) << "rank " << rank;
   check_dispatch(c, rank, again, want, N);
+  check_count_matrix(rank, again, x.dispatch.handle);
 
   // 4. Combine with weights and bias (strided, above), through the exact form's handle.
   HtCombineArgs combine = strided.args;

@@ -226,6 +226,7 @@ void ht_exchange(const Iteration& it, Rig& rig, int rank, cudaStream_t stream) {
   ASSERT_EQ(got.num_recv_tokens, N) << "rank " << rank;
   EXPECT_EQ(got.num_recv_tokens_per_expert_host, want.num_recv_tokens_per_expert) << "rank " << rank;
   check_dispatch(c, rank, got, want, N);
+  check_count_matrix(rank, got, x.dispatch.handle);
 
   const HtCombineArrays& a = rig.ht_combine_in;
   copy_to_device(a.y.data, x.y[rank].y.data);

@@ -62,6 +62,12 @@ def ref_layout(topk):
     return in_rank.sum(0, dtype=torch.int32), per_expert, in_rank
 
 
+def ref_rank_prefix_matrix(inputs):
+    """DeepEP's rank_prefix_matrix: [s][d] = tokens ranks 0..s send rank d."""
+    counts = torch.stack([ref_layout(topk.cpu())[0] for _, topk, _ in inputs])
+    return counts.cumsum(0, dtype=torch.int32)
+
+
 def ref_ht_dispatch(inputs, rank, alignment=1):
     """What `rank` receives: rows by source rank, then token; topk_idx local (-1 elsewhere), weights 0 there."""
     xs, src, topks, weights = [], [], [], []
@@ -214,6 +220,16 @@ def ht_dispatch_combine_bf16(ctx):
     assert counts == want_counts, (counts, want_counts)
     assert handle.num_recv_tokens == want_x.size(0) and event.event is None
     assert recv_topk.dtype == deep_ep.topk_idx_t
+    # DeepEP's handle entries: rank_prefix_matrix (every rank's routing), recv_src_idx, is_token_in_rank
+    equal(handle[0], ref_rank_prefix_matrix(inputs), "handle[0] (rank_prefix_matrix)")
+    assert handle[3] is handle.recv_src_idx and handle[4] is in_rank and len(handle) == 6
+    for missing in (1, 2, 5):
+        try:
+            handle[missing]
+        except NotImplementedError as e:
+            assert "epx has none" in str(e), e
+        else:
+            raise AssertionError(f"handle[{missing}] should say epx has no such entry")
     # combine: each rank marks its rows; weights come back summed (one rank holds each non-zero)
     y = (recv_x.float() * rank_scale(ctx.rank)).bfloat16()
     bias = torch.randn(x.size(0), HIDDEN, device=x.device).bfloat16()
@@ -263,6 +279,8 @@ def ht_worst_case_and_cached(ctx):
     equal(handle.recv_src_idx[:N], want_src, "recv_src_idx (worst case)")
     assert bool((handle.recv_src_idx[N:] == -1).all()) and bool((recv_topk[N:] == -1).all())
     assert bool((recv_w[N:] == 0).all())
+    equal(handle[0], ref_rank_prefix_matrix(inputs), "handle[0] (rank_prefix_matrix, worst case)")
+    equal(handle[4], ref_layout(topk.cpu())[2], "handle[4] (is_token_in_rank, from topk_idx)")
     y = (recv_x.float() * rank_scale(ctx.rank)).bfloat16()  # padding rows carry whatever: combine skips them
     combined, _, _ = ctx.ht.combine(y, handle)
     close(combined, ref_ht_combine(inputs, ctx.rank, rank_scale), "combined_x (worst case)")

@@ -115,6 +115,22 @@ def test_bias_is_a_tensor_or_a_pair():
         bias_pair((first,))
 
 
+def test_ht_handle_is_indexed_as_deepeps_tuple():
+    from types import SimpleNamespace
+
+    from epx.deep_ep.buffer import DispatchHandle
+
+    handle = DispatchHandle(SimpleNamespace(num_tokens=0), None, "src_idx", 0, None, "in_rank", 4)
+    assert len(handle) == 6
+    assert handle[3] == "src_idx" and handle[-3] == "src_idx" and handle[4] == "in_rank"
+    for index, name in ((1, "channel_prefix_matrix"), (2, "recv_channel_prefix_matrix"), (-1, "send_head")):
+        with pytest.raises(NotImplementedError, match=f"DeepEP's {name}"):
+            handle[index]
+    for index in (6, -7, "0"):
+        with pytest.raises(IndexError, match="6 entries"):
+            handle[index]
+
+
 def test_counter_tensors_are_checked(torch):
     from epx.ll import _counter_ptr
 

@@ -37,17 +37,62 @@ _LL_MAX_TOPK = 16  # LlBufferOptions::max_topk's bound
 
 
 class DispatchHandle:
-    """What DeepEP's HT handle is for: combine and cached dispatch take it back. Not DeepEP's 6-tuple of
-    tensors (rank_prefix_matrix, ...): epx's routing state lives in its buffer. Public fields:
+    """What DeepEP's HT handle is for: combine and cached dispatch take it back. Public fields:
     recv_src_idx ([rows] int32, each received row's token index on its source, -1 for padding),
-    num_recv_tokens (N, or None in worst-case form) and num_tokens (T dispatched by this rank)."""
+    num_recv_tokens (N, or None in worst-case form) and num_tokens (T dispatched by this rank).
 
-    def __init__(self, native: HtHandle, topk_idx, recv_src_idx, num_recv_tokens: Optional[int]):
+    Indexed as DeepEP's 6-tuple where epx has the entry: [0] rank_prefix_matrix ([R, R] int32, [s][d] =
+    tokens ranks 0..s send rank d), [3] recv_src_idx, [4] is_token_in_rank ([T, R] bool). [1], [2] and
+    [5] (DeepEP's channel prefix matrices and send head, state of its ring buffers) have no epx
+    equivalent and raise. Read the entries as any output: after the dispatch's event, if async."""
+
+    _NOT_IN_EPX = {
+        1: "channel_prefix_matrix",
+        2: "recv_channel_prefix_matrix",
+        5: "send_head",
+    }
+
+    def __init__(
+        self,
+        native: HtHandle,
+        topk_idx,
+        recv_src_idx,
+        num_recv_tokens: Optional[int],
+        count_matrix,
+        is_token_in_rank,
+        num_experts: int,
+    ):
         self.native = native
         self.topk_idx = topk_idx  # a copy: a cached dispatch re-sends the same routing
         self.recv_src_idx = recv_src_idx
         self.num_recv_tokens = num_recv_tokens
         self.num_tokens = native.num_tokens
+        self._count_matrix = count_matrix  # [R, R] int32, in the native handle's memory
+        self._is_token_in_rank = is_token_in_rank  # the caller's, or None until asked for
+        self._num_experts = num_experts
+        self._rank_prefix_matrix = None
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, index):
+        if not isinstance(index, int) or not -6 <= index < 6:
+            raise IndexError(f"epx: the HT handle has DeepEP's 6 entries; got index {index!r}")
+        index %= 6
+        if index in self._NOT_IN_EPX:
+            raise NotImplementedError(
+                f"epx: handle[{index}] is DeepEP's {self._NOT_IN_EPX[index]}, state of its ring buffers; epx has "
+                "none (its handle has [0] rank_prefix_matrix, [3] recv_src_idx, [4] is_token_in_rank)"
+            )
+        if index == 0:
+            if self._rank_prefix_matrix is None:
+                self._rank_prefix_matrix = self._count_matrix.cumsum(0, dtype=torch().int32)
+            return self._rank_prefix_matrix
+        if index == 3:
+            return self.recv_src_idx
+        if self._is_token_in_rank is None:
+            self._is_token_in_rank = layout_of(self.topk_idx, self._num_experts, self._count_matrix.size(0))[2]
+        return self._is_token_in_rank
 
 
 class LowLatencyHandle(tuple):
@@ -406,7 +451,7 @@ class Buffer:
         ranks exchange these counts). With num_worst_tokens > 0 the outputs have that many rows (padding: src
         -1, topk_idx -1, weights 0) and the list is empty. With handle (cached dispatch) the routing is the
         handle's and the call returns (recv_x, None, None, None, None, event). The handle is a
-        DispatchHandle, not DeepEP's tuple.
+        DispatchHandle, indexed as DeepEP's tuple where epx has the entry.
         """
         team = self._require_team()
         x, x_scales = x if isinstance(x, tuple) else (x, None)
@@ -504,7 +549,9 @@ class Buffer:
                 e.rank,
                 e.status,
             ) from e
-        handle = DispatchHandle(r.handle, routing, r.recv_src_idx, r.num_recv_tokens)
+        handle = DispatchHandle(
+            r.handle, routing, r.recv_src_idx, r.num_recv_tokens, r.count_matrix, is_token_in_rank, num_experts
+        )
         recv_x = (r.recv_x, r.recv_x_scales) if x_scales is not None else r.recv_x
         counts: List[int] = []
         if num_worst_tokens == 0:

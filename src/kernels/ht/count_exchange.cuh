@@ -18,8 +18,8 @@
 //   3. Every CTA reads what it needs from the count matrix (failed_source, rows_before): whether any
 //      rank's input failed (then the whole dispatch is a no-op on every rank, reported by the host)
 //      and where my rows start on each rank. CTA 0 also writes the handle (count_exchange_results):
-//      send_begin, recv_begin, N, the rows per local expert and the status. Cached form: all of it is
-//      in the handle already.
+//      send_begin, recv_begin, N, the rows per local expert, the count matrix and the status. Cached
+//      form: all of it is in the handle already.
 //   4. CTA 0 (report_counts_to_host): N and the expert counts go to the host mailbox (HostMailbox),
 //      then ready = the call's ticket. Not after a failed step 2: the host learns of it from the team.
 #pragma once
@@ -77,6 +77,9 @@ __device__ inline void count_exchange_results(const DispatchArgs& a) {
     *a.handle.status = failed_rank < 0 ? 0 : 1 + failed_rank;
   }
   __syncthreads();
+  for (int i = threadIdx.x; i < R * R; i += blockDim.x) {
+    a.handle.count_matrix[i] = failed_rank < 0 ? count_at(b, i / R, i % R) : 0;
+  }
   const uint64_t* expert_counts = b.at<uint64_t>(me, b.notify_expert_counts);  // [s][E_local]
   for (int j = threadIdx.x; j < E_local; j += blockDim.x) {
     int32_t n = 0;

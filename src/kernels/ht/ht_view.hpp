@@ -63,6 +63,7 @@ struct HandleView {
   int32_t* recv_begin;      // [R + 1]: rows from source s are [recv_begin[s], recv_begin[s + 1]); [R] = N
   int32_t* expert_counts;   // [E_local]: received rows per local expert, aligned
   int32_t* rank_counts;     // [R]: this rank's tokens per destination rank (layout)
+  int32_t* count_matrix;    // [R][R]: the team's, [s][d] = tokens rank s sends rank d (0s after a failed input)
   int32_t* expert_totals;   // [E]: this rank's tokens naming each expert (the layout's)
   int32_t* status;          // [1]: 0; 1 + the rank whose input was invalid; or kStatusTeamFailed.
                             // Anything but 0: nothing is sent
