@@ -147,10 +147,17 @@ sanitizers_run() {
   fi
   # synccheck (barriers and warp collectives with a wrong mask or reached by part of a block) and initcheck
   # (reads of device memory nothing wrote: the protocols' polled words start zeroed) ran first on
-  # 2026-11-29 (session 36): 0 errors on the single-GPU part of this set, in 14 and 68 s.
+  # 2026-11-29 (session 36): 0 errors on the single-GPU part of this set, in 14 and 68 s. initcheck runs
+  # the single-GPU tests only: with two processes (2026-11-29, compute-sanitizer 2025.3.1, NCCL 2.28.9)
+  # NCCL's own launch inside ncclCommWindowRegister fails under it ("unspecified launch failure", 0 errors
+  # reported), before any epx kernel; memcheck, racecheck and synccheck pass the same world tests.
   for tool in memcheck racecheck synccheck initcheck; do
+    local filter="$small"
+    if [ "$tool" = initcheck ]; then
+      case "$small" in *-*) filter="$small:*World*" ;; *) filter="$small:-*World*" ;; esac  # gtest: one '-' part
+    fi
     EPX_TEST_TIMEOUT_SCALE=10 timeout 300 compute-sanitizer --tool "$tool" --report-api-errors no --target-processes all \
-      "$build/tests/epx_gpu_tests" --gtest_filter="$small" >"$out/$tool.log" 2>&1
+      "$build/tests/epx_gpu_tests" --gtest_filter="$filter" >"$out/$tool.log" 2>&1
     echo "$tool: exit $?; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | sort | uniq -c | tr -s ' ' | paste -sd ';'); failed tests: $(grep -cE '^\[  FAILED  \] [A-Z]' "$out/$tool.log")"
   done | tee "$out/sanitizers.txt"
 }
