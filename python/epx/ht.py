@@ -48,7 +48,14 @@ class HtHandle(NativeObject):
     _what = "handle"
 
     def __init__(
-        self, native: int, buffer: "HtBuffer", num_tokens: int, num_rows: int, topk: int, expert_alignment: int
+        self,
+        native: int,
+        buffer: "HtBuffer",
+        num_tokens: int,
+        num_rows: int,
+        topk: int,
+        expert_alignment: int,
+        count_matrix: _abi.Tensor,
     ):
         self._native = native
         self.buffer = buffer
@@ -56,6 +63,15 @@ class HtHandle(NativeObject):
         self.num_rows = num_rows  # rows this rank received (N, or num_worst_tokens)
         self.topk = topk
         self.expert_alignment = expert_alignment
+        self._count_matrix = count_matrix
+
+    @property
+    def count_matrix(self):
+        """[R, R] int32 on the device, in this handle's memory: [s][d] = tokens rank s sends rank d in the
+        dispatch (the whole team's). A new view at each use, not one made by every dispatch (host time);
+        not kept here either: the view keeps the handle alive, and a handle that kept its view would wait
+        for the garbage collector's cycles before its block went back to the pool."""
+        return matrix_view(self._count_matrix, self.buffer.team.device, self)
 
 
 @dataclass
@@ -76,8 +92,6 @@ class HtDispatchResult:
     num_recv_tokens_per_expert: "torch.Tensor"  # [E_local] int32 on the device (aligned)
     num_recv_tokens_per_expert_list: Optional[List[int]]  # the same on the host; None in worst-case form
     num_recv_tokens: Optional[int]  # N; None in worst-case form (then it is only on the device)
-    # [R, R] int32 on the device, held by the handle: [s][d] = tokens rank s sends rank d in this dispatch
-    count_matrix: "torch.Tensor"
     handle: HtHandle
     event: Optional["torch.cuda.Event"]  # with async_op
 
@@ -211,7 +225,15 @@ class HtBuffer(BufferBase):
         _abi.call(
             "epx_ht_dispatch", self._require(), ctypes.byref(args), ctypes.byref(native_streams), ctypes.byref(result)
         )
-        handle = HtHandle(result.handle, self, x.size(0), result.num_rows, topk_idx.size(1), int(expert_alignment))
+        handle = HtHandle(
+            result.handle,
+            self,
+            x.size(0),
+            result.num_rows,
+            topk_idx.size(1),
+            int(expert_alignment),
+            _abi.Tensor.from_buffer_copy(result.count_matrix),
+        )
         outputs = self._copied_outputs(result, s) if copy else self._output_views(result, handle)
         recv_src_idx = outputs["recv_src_idx"]
         dispatched = HtDispatchResult(
@@ -225,7 +247,6 @@ class HtBuffer(BufferBase):
                 host_counts[:E_local] if result.num_recv_tokens_per_expert_host_valid else None
             ),
             num_recv_tokens=int(result.num_recv_tokens) if result.num_recv_tokens >= 0 else None,
-            count_matrix=matrix_view(result.count_matrix, self.team.device, handle),
             handle=handle,
             event=None,
         )
@@ -241,7 +262,6 @@ class HtBuffer(BufferBase):
                 dispatched.recv_topk_idx,
                 dispatched.recv_topk_weights,
                 dispatched.num_recv_tokens_per_expert,
-                dispatched.count_matrix,
             )
         )
         return dispatched

@@ -120,7 +120,7 @@ def test_ht_handle_is_indexed_as_deepeps_tuple():
 
     from epx.deep_ep.buffer import DispatchHandle
 
-    handle = DispatchHandle(SimpleNamespace(num_tokens=0), None, "src_idx", 0, None, "in_rank", 4)
+    handle = DispatchHandle(SimpleNamespace(num_tokens=0), None, "src_idx", 0, "in_rank", 4)
     assert len(handle) == 6
     assert handle[3] == "src_idx" and handle[-3] == "src_idx" and handle[4] == "in_rank"
     for index, name in ((1, "channel_prefix_matrix"), (2, "recv_channel_prefix_matrix"), (-1, "send_head")):

@@ -58,7 +58,6 @@ class DispatchHandle:
         topk_idx,
         recv_src_idx,
         num_recv_tokens: Optional[int],
-        count_matrix,
         is_token_in_rank,
         num_experts: int,
     ):
@@ -67,7 +66,6 @@ class DispatchHandle:
         self.recv_src_idx = recv_src_idx
         self.num_recv_tokens = num_recv_tokens
         self.num_tokens = native.num_tokens
-        self._count_matrix = count_matrix  # [R, R] int32, in the native handle's memory
         self._is_token_in_rank = is_token_in_rank  # the caller's, or None until asked for
         self._num_experts = num_experts
         self._rank_prefix_matrix = None
@@ -86,12 +84,13 @@ class DispatchHandle:
             )
         if index == 0:
             if self._rank_prefix_matrix is None:
-                self._rank_prefix_matrix = self._count_matrix.cumsum(0, dtype=torch().int32)
+                self._rank_prefix_matrix = self.native.count_matrix.cumsum(0, dtype=torch().int32)
             return self._rank_prefix_matrix
         if index == 3:
             return self.recv_src_idx
         if self._is_token_in_rank is None:
-            self._is_token_in_rank = layout_of(self.topk_idx, self._num_experts, self._count_matrix.size(0))[2]
+            num_ranks = self.native.buffer.team.size
+            self._is_token_in_rank = layout_of(self.topk_idx, self._num_experts, num_ranks)[2]
         return self._is_token_in_rank
 
 
@@ -549,9 +548,7 @@ class Buffer:
                 e.rank,
                 e.status,
             ) from e
-        handle = DispatchHandle(
-            r.handle, routing, r.recv_src_idx, r.num_recv_tokens, r.count_matrix, is_token_in_rank, num_experts
-        )
+        handle = DispatchHandle(r.handle, routing, r.recv_src_idx, r.num_recv_tokens, is_token_in_rank, num_experts)
         recv_x = (r.recv_x, r.recv_x_scales) if x_scales is not None else r.recv_x
         counts: List[int] = []
         if num_worst_tokens == 0:
