@@ -1,9 +1,10 @@
 // HT dispatch and combine against the CPU reference: exact, worst-case and cached forms, BF16 and FP8,
-// int64 and int32 routing, weights and one or two biases, on one process per GPU and on one GPU with 2, 4, 8 ranks.
-// Every rank rebuilds the whole team's inputs from the case seed, so it checks its own outputs against
-// the reference of the whole exchange, bit for bit (combine too: the GPU adds ranks in the reference's
-// order). Outputs are poisoned before the second and third dispatch, and the buffer's combine input
-// before the combine that copies y into it, so a row that is not written (or read before it is) fails.
+// int64 and int32 routing, weights and one or two biases, the team's count matrix, on one process per
+// GPU and on one GPU with 2, 4, 8 ranks. Every rank rebuilds the whole team's inputs from the case seed,
+// so it checks its own outputs against the reference of the whole exchange, bit for bit (combine too:
+// the GPU adds ranks in the reference's order). Outputs are poisoned before the second and third
+// dispatch, and the buffer's combine input before the combine that copies y into it, so a row that is
+// not written (or read before it is) fails.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
