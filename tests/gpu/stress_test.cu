@@ -106,20 +106,10 @@ Iteration build_iteration(int i, int R, int single_gpu_ranks) {
     const bool fp8 = (j / (2 * kKinds)) % 2 == 1;
     const bool two_biases = (j / (4 * kKinds)) % 2 == 1;
     it.name += std::string(fp8 ? "fp8" : "bf16") + (two_biases ? ", two biases)" : ")");
-    // Row-major scales only: their strides do not depend on T.
-    it.ht_case = HtCase{.single_gpu_ranks = single_gpu_ranks,
-                        .T = T,
-                        .H = kHidden,
-                        .K = K,
-                        .E = kExperts,
-                        .routing = routing,
-                        .p_empty = p_empty,
-                        .fp8 = fp8,
-                        .int32_idx = int32_idx,
-                        .column_major_scales = false,
-                        .alignment = 1,
-                        .name = it.name,
-                        .two_biases = two_biases};
+    // team, T, H, K, E, routing, p_empty, fp8, int32 ids, column-major scales (no: row-major strides do not
+    // depend on T), expert alignment, name
+    it.ht_case = HtCase{single_gpu_ranks, T, kHidden, K, kExperts, routing, p_empty, fp8, int32_idx, false, 1, it.name};
+    it.ht_case.two_biases = two_biases;
     it.ht_expected = build_expected(it.ht_case, R, seed);
   } else {
     it.ll_payload = (j / (2 * kKinds)) % kLlPayloadCount;

@@ -99,8 +99,7 @@ def ref_ht_combine(inputs, home, y_scale, biases=()):
         rows = in_rank[:, r]
         out[rows] += (x[rows].float() * y_scale(r)).bfloat16().float()
     for bias in biases:
-        if bias is not None:
-            out += bias.cpu().float()
+        out += bias.cpu().float()
     return out.bfloat16()
 
 
