@@ -201,20 +201,22 @@ Measured measured(const char* op, const char* dtype, const char* order, CallTimi
   return Measured{op, dtype, order, RankTiming{timing.launch, bytes.nvlink, bytes.algo}, timing.in_a_row, timing.cold};
 }
 
-// ll.hpp promises more than the reference's contract: rows already in canonical order (source ranks
-// ascending, tokens ascending within one), so the GPU's result must equal its canonical form.
-void check_canonical_order(Checker& check, const std::string& what, const ref::LlRecv& got,
-                           const ref::LlRecv& canonical) {
+// ll.hpp promises more than the reference's contract: rows already in its order (source blocks from
+// rank + 1 up, wrapping, the rank's own last; tokens ascending within one), so the GPU's result must equal
+// that form of itself (`documented`: ll_canonicalize with first_source rank + 1).
+void check_documented_order(Checker& check, const std::string& what, const ref::LlRecv& got,
+                            const ref::LlRecv& documented) {
   for (int64_t e = 0; e < got.src_idx.rows; ++e) {
     bool same = true;
     for (int64_t row = 0; row < got.recv_count[e]; ++row)
-      same &= got.src_idx.at(e, row) == canonical.src_idx.at(e, row);
+      same &= got.src_idx.at(e, row) == documented.src_idx.at(e, row);
     for (int64_t s = 0; s < got.layout_range.cols; ++s) {
-      if (got.layout_range.at(e, s).count > 0) same &= got.layout_range.at(e, s) == canonical.layout_range.at(e, s);
+      if (got.layout_range.at(e, s).count > 0) same &= got.layout_range.at(e, s) == documented.layout_range.at(e, s);
     }
     if (!same) {
       check.fail(what + ": the rows of local expert " + std::to_string(e) +
-                 " are not in the order ll.hpp promises (source ranks ascending, then tokens ascending)");
+                 " are not in the order ll.hpp promises (source blocks from rank + 1 up, the rank's own last, then "
+                 "tokens ascending)");
       return;
     }
   }
@@ -226,17 +228,18 @@ std::vector<int32_t> flatten(const ref::Matrix<ref::RowRange>& ranges) {
   return flat;
 }
 
-// Brings `got` to canonical order (ll_canonicalize also checks that its ranges tile the rows) and
-// compares it with `want` bit for bit.
-void compare_recv(Checker& check, const std::string& what, const ref::LlRecv& got, const ref::LlRecv& want) {
-  ref::LlRecv canonical;
+// Brings `got`, rank `rank`'s, to canonical order (ll_canonicalize also checks that its ranges tile the
+// rows) and compares it with `want` bit for bit.
+void compare_recv(Checker& check, const std::string& what, int rank, const ref::LlRecv& got, const ref::LlRecv& want) {
+  ref::LlRecv canonical, documented;
   try {
     canonical = ref::ll_canonicalize(got);
+    documented = ref::ll_canonicalize(got, (rank + 1) % int(got.layout_range.cols));
   } catch (const std::invalid_argument& e) {
     check.fail(what + ": " + e.what());
     return;
   }
-  check_canonical_order(check, what, got, canonical);
+  check_documented_order(check, what, got, documented);
   const int64_t H = std::max(want.x_bf16.dim2, want.x_fp8.dim2);
   check.equal(what + " recv_count", canonical.recv_count, want.recv_count);
   check.equal(what + " layout_range (begin, count)", flatten(canonical.layout_range), flatten(want.layout_range),
@@ -306,11 +309,11 @@ class LlBench {
     }
     {
       std::vector<ref::LlRecv> want = ref::ll_dispatch(tokens, placement, o_.tokens, {.use_fp8 = true});
-      compare_recv(check, "dispatch fp8", got_fp8, want[me_]);
+      compare_recv(check, "dispatch fp8", me_, got_fp8, want[me_]);
       checked_fp8_ = std::move(want[me_]);
     }
     std::vector<ref::LlRecv> want = ref::ll_dispatch(tokens, placement, o_.tokens, {});
-    compare_recv(check, "dispatch bf16", got_bf16, want[me_]);
+    compare_recv(check, "dispatch bf16", me_, got_bf16, want[me_]);
     for (int32_t count : want[me_].recv_count) traffic_.received_rows += count;
 
     // Every expert side's y, from the reference's layout (the payload is no longer needed).
@@ -379,7 +382,7 @@ class LlBench {
     add("dispatch_send", "fp8", "", dispatch.first);
     add("dispatch_receive", "fp8", "", dispatch.second);
     finish();
-    compare_recv(check, "dispatch fp8 (send_only, then its receive step)", fetch(fp8_, true), checked_fp8_);
+    compare_recv(check, "dispatch fp8 (send_only, then its receive step)", me_, fetch(fp8_, true), checked_fp8_);
     const LlHandle handle = buffer_.dispatch(dispatch_args(true), Streams{stream()}).handle;
     poison_outputs();
     const std::pair<Timing, Timing> combine = time_two_steps([&](cudaStream_t s) {
@@ -633,7 +636,7 @@ class LlBench {
     handle = buffer_.dispatch(dispatch_args(true), Streams{stream()}).handle;
     buffer_.combine(combine_args(LlCombineOrder::local, handle), Streams{stream()});
     finish();
-    compare_recv(check, "dispatch fp8" + at, fetch(fp8_, true), checked_fp8_);
+    compare_recv(check, "dispatch fp8" + at, me_, fetch(fp8_, true), checked_fp8_);
     check.equal("combine (local order) out" + at, download_out(LlCombineOrder::local), checked_local_, o_.hidden);
     return check.ok();
   }

@@ -12,12 +12,13 @@
 //
 // dispatch: a token crosses NVLink once per destination rank (not once per expert), carrying its local
 // expert ids (and weights, if given); the receiver expands it into the packed layout the caller
-// allocated (LlDispatchOutputs): rows of local expert e are x[e][0 .. recv_count[e]), source ranks
-// ascending, tokens ascending within a source rank; layout_range[e][s] = (begin, count) of source s's
-// rows; src_idx[e][row] = the token's index on its source. A token naming one expert in two slots gets
-// one row. Rows past recv_count[e] are left as they were. Payload: BF16, or FP8 E4M3 made on the
-// sending side with one scale per 128 columns (amax floored at 1e-4, scale = amax / 448, optionally
-// rounded up to a power of two, optionally packed as UE8M0 exponents, four per int32).
+// allocated (LlDispatchOutputs): rows of local expert e are x[e][0 .. recv_count[e]), in blocks by source
+// rank, the blocks in the order me + 1, me + 2, ..., wrapping, this rank (me) last, tokens ascending within
+// a block; layout_range[e][s] = (begin, count) of source s's rows; src_idx[e][row] = the token's index
+// on its source. A token naming one expert in two slots gets one row. Rows past recv_count[e] are left
+// as they were. Payload: BF16, or FP8 E4M3 made on the sending side with one scale per 128 columns
+// (amax floored at 1e-4, scale = amax / 448, optionally rounded up to a power of two, optionally packed
+// as UE8M0 exponents, four per int32).
 //
 // combine: y [E_local][C][H] BF16 in the layout dispatch produced goes back; out[t] on the home rank
 // is the weighted sum of its experts' rows, accumulated in float32, as BF16. Two summation orders:
@@ -59,7 +60,7 @@
 //     (a call without send_only: during its one kernel, its receive step included) and writes out
 //     during its receive step. It reads topk_weights during its sends (local order) or its receive
 //     step (naive). Rows past recv_count[e] are not written. A source with
-//     no rows for expert e gets layout_range[e][s] = (rows of earlier sources, 0).
+//     no rows for expert e gets layout_range[e][s] = (rows of the blocks before its own, 0).
 // Every argument is checked before anything is launched; a bad one throws epx::Error naming it. What
 // only the device can see (an expert id outside [-1, E), an expired wait) is recorded and reported by
 // check_errors() on the rank that saw it; such an id counts as -1 meanwhile, on the sending and the

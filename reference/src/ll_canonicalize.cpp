@@ -52,12 +52,15 @@ void check_ranges(const LlRecv& result, int64_t e, int64_t count, int64_t capaci
 
 }  // namespace
 
-LlRecv ll_canonicalize(const LlRecv& result) {
+LlRecv ll_canonicalize(const LlRecv& result, int first_source) {
   const int64_t num_local = result.src_idx.rows;
   const int64_t capacity = result.src_idx.cols;
   const int64_t num_ranks = result.layout_range.cols;
   if (static_cast<int64_t>(result.recv_count.size()) != num_local || result.layout_range.rows != num_local) {
     throw std::invalid_argument("ll_canonicalize: recv_count, src_idx and layout_range disagree on E_local");
+  }
+  if (first_source < 0 || (first_source > 0 && first_source >= num_ranks)) {
+    throw std::invalid_argument("ll_canonicalize: first_source " + std::to_string(first_source) + " outside [0, R)");
   }
   check_payload(result.x_bf16, num_local, capacity, "x_bf16");
   check_payload(result.x_fp8, num_local, capacity, "x_fp8");
@@ -77,7 +80,8 @@ LlRecv ll_canonicalize(const LlRecv& result) {
     const int64_t count = result.recv_count[static_cast<std::size_t>(e)];
     check_ranges(result, e, count, capacity);
     int32_t next = 0;
-    for (int64_t s = 0; s < num_ranks; ++s) {
+    for (int64_t position = 0; position < num_ranks; ++position) {
+      const int64_t s = (first_source + position) % num_ranks;
       const RowRange range = result.layout_range.at(e, s);
       std::vector<int64_t> rows;  // this block's rows, to be sorted by source token index
       for (int64_t row = range.begin; row < range.begin + range.count; ++row) rows.push_back(row);

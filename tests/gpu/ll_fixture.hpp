@@ -4,7 +4,7 @@
 // Every rank rebuilds every rank's inputs from the case seed, so it checks its own outputs against the
 // reference of the whole exchange. Dispatch results are copied back into a ref::LlRecv, brought to the
 // canonical order by ref::ll_canonicalize and compared bit for bit with the reference; the raw result
-// must already be in that order (ll.hpp documents it). Only rows below recv_count are compared: rows
+// must already be in the order ll.hpp documents (ll_canonicalize's with the rank's next rank first). Only rows below recv_count are compared: rows
 // past it are not part of the contract. Outputs are poisoned before each call, so a row that is not
 // written fails.
 #pragma once
@@ -448,7 +448,9 @@ inline void check_ll_dispatch(const LlCase& c, const LlExpected& x, int rank, co
     return;
   }
   if (!same_recv(who + ": dispatch vs reference", got, x.recv[rank])) return;
-  same_recv(who + ": dispatch rows not in the documented order (sources, then tokens, ascending)", raw, got);
+  same_recv(who + ": dispatch rows not in the documented order (source blocks from rank + 1 up, wrapping, the rank's "
+                  "own last; tokens ascending)",
+            raw, ref::ll_canonicalize(raw, (rank + 1) % x.R));
   if (uses_fp8(c)) expect_fp8_close_to_input(c, x, rank, got);
 }
 

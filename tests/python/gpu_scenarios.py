@@ -104,7 +104,8 @@ def ref_ht_combine(inputs, home, y_scale, biases=()):
 
 
 def ref_ll_dispatch(inputs, rank):
-    """Per local expert: rows by source rank then token; (begin, count) per source; source token indices."""
+    """Per local expert: rows in source blocks from rank + 1 up (wrapping, the rank's own last), then by token;
+    (begin, count) per source; source token indices."""
     recv_x = torch.zeros(E_LOCAL, R * LL_MAX_TOKENS, HIDDEN, dtype=torch.bfloat16)
     src_idx = torch.full((E_LOCAL, R * LL_MAX_TOKENS), -1, dtype=torch.int32)
     ranges = torch.zeros(E_LOCAL, R, 2, dtype=torch.int64)
@@ -112,7 +113,7 @@ def ref_ll_dispatch(inputs, rank):
     for e in range(E_LOCAL):
         g = rank * E_LOCAL + e
         row = 0
-        for s in range(R):
+        for s in [(rank + 1 + i) % R for i in range(R)]:
             x, topk, _ = (a.cpu() for a in inputs[s])
             tokens = (topk == g).any(1).nonzero().flatten().tolist()
             ranges[e, s] = torch.tensor([row, len(tokens)])

@@ -668,7 +668,8 @@ class Buffer:
 
         recv_x [E_local, R * T_max, H] fp8 (use_fp8) or bf16; scales [E_local, R * T_max, H / 128] float32 (or
         H / 512 int32 with use_ue8m0), per expert column-major as in DeepEP; recv_count [E_local] int32.
-        Within an expert, rows are ordered by source rank, then token. hook is None unless return_recv_hook:
+        Within an expert, rows come in blocks by source rank (from this rank + 1 up, wrapping, its own block
+        last; layout_range says where each is), then by token. hook is None unless return_recv_hook:
         then call it (once) to receive. dispatch_wait_recv_cost_stats (int64 [R]) gets the clock cycles this
         rank's warps spent waiting for each source rank's data added (a warp that found it there adds none).
         """

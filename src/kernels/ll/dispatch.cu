@@ -26,8 +26,9 @@
 //   see protocol.cuh) is not read. Warps take (message, part of its payload) work items. Message (s, t): the
 //   warp waits for manifest word t / 32 of s and, if t's bit is set (else t sent me nothing), the header's
 //   words, in one wait; then for the counts expert_counts(me, set, s')[e] of each of its slots' experts e and
-//   every unmasked s' < s: expert e's rows are source ranks ascending, tokens ascending, so the message goes
-//   to row begin(e, s) + block_row of every unique slot naming e, begin(e, s) being the sum of those counts.
+//   every unmasked s' whose block comes before s's: expert e's rows are source blocks in the order me + 1,
+//   me + 2, ..., wrapping, me last (block_source), tokens ascending within a block, so the message goes to row
+//   begin(e, s) + block_row of every unique slot naming e, begin(e, s) being the sum of those counts.
 //   Then it waits for the payload lines of its part, and stores the part into every row (FP8: the scales
 //   too); src_idx too. The part's loads (manifest word, header, first payload lines) all go out before the
 //   first wait: a word or line loaded early vouches for itself as well.

@@ -33,8 +33,8 @@ __device__ PeerWait settle_word(const LlView& v, int s, uint32_t stamp, const Ll
 }
 
 // The whole warp reads message (s, t)'s routing: whether t sent me a message (its manifest bit) and its
-// header, awaited together, and for each slot the count of its expert on every unmasked source before
-// s, to find its row (see the protocol). `masked`: the CTA's view of the mask. `failed`: the team failed
+// header, awaited together, and for each slot the count of its expert on every unmasked source whose
+// block comes before s's (block_source), to find its row (see the protocol). `masked`: the CTA's view of the mask. `failed`: the team failed
 // (on every lane).
 template <bool kFp8>
 __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t,
@@ -97,20 +97,21 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   m.unique_slots = unique_slots;
   bool ok = true;
   if ((slots >> lane) & 1u) {
-    // The counts of up to kCountLoads earlier sources are loaded at once, then settled.
+    // The counts of up to kCountLoads sources before s (block_source) are loaded at once, then settled.
     constexpr int kCountLoads = 4;
+    const int R = v.team.nranks, position = block_position(s, me, R);
     int32_t begin = 0;
-    for (int first = 0; ok && first < s; first += kCountLoads) {
+    for (int first = 0; ok && first < position; first += kCountLoads) {
       LlWord count[kCountLoads];
 #pragma unroll
       for (int i = 0; i < kCountLoads; ++i) {
-        const int r = first + i;
-        count[i] = r < s && !masked[r] ? load_word(v.expert_counts_of(me, p.set, r) + e) : 0;
+        const int r = block_source(first + i, me, R);
+        count[i] = first + i < position && !masked[r] ? load_word(v.expert_counts_of(me, p.set, r) + e) : 0;
       }
 #pragma unroll
       for (int i = 0; i < kCountLoads; ++i) {
-        const int r = first + i;
-        if (r >= s || masked[r]) continue;
+        const int r = block_source(first + i, me, R);
+        if (first + i >= position || masked[r]) continue;
         const PeerWait c = settle_word(v, r, stamp, v.expert_counts_of(me, p.set, r) + e, count[i], e);
         ok = ok && c != PeerWait::failed;
         if (c == PeerWait::arrived) begin += int32_t(core::stamped_value(count[i]));
@@ -240,7 +241,8 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
   if (blockIdx.x == gridDim.x - 1) {  // the per-expert outputs
     for (int e = threadIdx.x; ok && e < v.experts_per_rank(); e += blockDim.x) {
       int32_t begin = 0;
-      for (int s = 0; ok && s < R; ++s) {
+      for (int position = 0; ok && position < R; ++position) {
+        const int s = block_source(position, me, R);
         LlWord count = 0;
         const PeerWait c =
             masked[s] ? PeerWait::masked : settle_word(v, s, stamp, v.expert_counts_of(me, p.set, s) + e, count, e);

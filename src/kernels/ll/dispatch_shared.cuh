@@ -39,5 +39,18 @@ __device__ int row_lines(const DispatchParams& p) {
   return core::ll_row_lines(row_bytes<kFp8>(p));
 }
 
+// The order of the source ranks' blocks in each local expert's packed rows on receiver `me` (ll.hpp): me + 1,
+// me + 2, ..., wrapping, me last. A message's row needs the counts of the sources before its own, and a
+// rank's own messages are there long before its peers': so the peers' blocks come first, and at EP = 2 a
+// peer's messages need no count at all.
+__device__ inline int block_source(int position, int me, int R) {  // a rank where position < R
+  const int s = me + 1 + position;
+  return s >= R ? s - R : s;
+}
+__device__ inline int block_position(int s, int me, int R) {
+  const int position = s - me - 1;
+  return position < 0 ? position + R : position;
+}
+
 }  // namespace
 }  // namespace epx::kernels::ll

@@ -148,6 +148,21 @@ TEST(LlCanonicalize, AcceptsPermutedBlocksAndRows) {
   EXPECT_EQ(ll_canonicalize(recv[1]), recv[1]);
 }
 
+// epx's own order on rank 0 of 2 (ll.hpp): source 1's block first.
+TEST(LlCanonicalize, FirstSourceRotatesTheBlocks) {
+  const auto recv = ll_dispatch(testing::ll_hand_tokens(), ExpertPlacement(4, 2), kLlHandMaxTokens);
+  const LlRecv rotated = ll_canonicalize(recv[0], 1);
+  // Expert 1 held (0,1) | (1,0); now (1,0) | (0,1). Expert 0's rows are all source 0's.
+  EXPECT_EQ(first_rows(rotated.src_idx, 1, 3), (std::vector<int32_t>{0, 1, -1}));
+  EXPECT_EQ(first_rows(rotated.src_idx, 0, 3), (std::vector<int32_t>{0, 1, -1}));
+  EXPECT_EQ(rotated.layout_range, matrix<RowRange>(2, 2, {{0, 2}, {0, 0}, {1, 1}, {0, 1}}));
+  EXPECT_EQ(rotated.x_bf16.at(1, 0, 0), exact_bf16(100));  // (1,0)
+  EXPECT_EQ(rotated.x_bf16.at(1, 1, 1), exact_bf16(11));   // (0,1)
+  EXPECT_EQ(ll_canonicalize(rotated), recv[0]);
+  EXPECT_THROW(ll_canonicalize(recv[0], 2), std::invalid_argument);
+  EXPECT_THROW(ll_canonicalize(recv[0], -1), std::invalid_argument);
+}
+
 TEST(LlCanonicalize, RejectsInconsistentRanges) {
   const auto recv = ll_dispatch(testing::ll_hand_tokens(), ExpertPlacement(4, 2), kLlHandMaxTokens);
   LlRecv overlapping = recv[0];  // expert 1: ranges (0,1) and (0,1) cover row 0 twice
