@@ -4,7 +4,8 @@
 // Every rank rebuilds every rank's inputs from the case seed, so it checks its own outputs against the
 // reference of the whole exchange. Dispatch results are copied back into a ref::LlRecv, brought to the
 // canonical order by ref::ll_canonicalize and compared bit for bit with the reference; the raw result
-// must already be in the order ll.hpp documents (ll_canonicalize's with the rank's next rank first). Only rows below recv_count are compared: rows
+// must already be in the order ll.hpp documents (ll_canonicalize's with the rank's next rank first), which
+// is also where the reference's combine finds each row of y. Only rows below recv_count are compared: rows
 // past it are not part of the contract. Outputs are poisoned before each call, so a row that is not
 // written fails.
 #pragma once
@@ -82,7 +83,8 @@ struct LlExpected {
   std::vector<ref::Matrix<float>> combine_weights;          // per rank: the weights given to combine: the naive
                                                             // order's, and the local order's without dispatch
                                                             // weights (other values than the dispatch's)
-  std::vector<ref::Tensor3<uint16_t>> y;                    // per rank: the experts' outputs [E_local][C][H]
+  std::vector<ref::Tensor3<uint16_t>> y;                    // per rank: the experts' outputs [E_local][C][H],
+                                                            // rows as the dispatch lays them out (ll.hpp)
   std::vector<ref::LlRecv> recv;                            // per rank, canonical order
   std::vector<ref::Matrix<uint16_t>> out_local, out_naive;  // per rank [T][H]
 };
@@ -157,8 +159,11 @@ inline void compute_ll_reference(const LlCase& c, LlExpected& x) {
     idx.push_back(x.tokens[r].topk_idx);
     weights.push_back(c.dispatch_weights ? x.tokens[r].topk_weights : x.combine_weights[r]);
   }
-  x.out_local = ref::ll_combine(x.y, x.recv, idx, weights, placement, ref::LlCombineOrder::local);
-  x.out_naive = ref::ll_combine(x.y, x.recv, idx, x.combine_weights, placement, ref::LlCombineOrder::naive);
+  // The combine reads y's rows where the dispatch put each (s, t): ll.hpp's order, not the canonical one.
+  std::vector<ref::LlRecv> laid_out;
+  for (int r = 0; r < x.R; ++r) laid_out.push_back(ref::ll_canonicalize(x.recv[r], (r + 1) % x.R));
+  x.out_local = ref::ll_combine(x.y, laid_out, idx, weights, placement, ref::LlCombineOrder::local);
+  x.out_naive = ref::ll_combine(x.y, laid_out, idx, x.combine_weights, placement, ref::LlCombineOrder::naive);
 }
 
 inline LlExpected build_ll_expected(const LlCase& c, int R, uint32_t seed) {
@@ -448,8 +453,9 @@ inline void check_ll_dispatch(const LlCase& c, const LlExpected& x, int rank, co
     return;
   }
   if (!same_recv(who + ": dispatch vs reference", got, x.recv[rank])) return;
-  same_recv(who + ": dispatch rows not in the documented order (source blocks from rank + 1 up, wrapping, the rank's "
-                  "own last; tokens ascending)",
+  same_recv(who +
+                ": dispatch rows not in the documented order (source blocks from rank + 1 up, wrapping, the rank's "
+                "own last; tokens ascending)",
             raw, ref::ll_canonicalize(raw, (rank + 1) % x.R));
   if (uses_fp8(c)) expect_fp8_close_to_input(c, x, rank, got);
 }

@@ -34,8 +34,8 @@ __device__ PeerWait settle_word(const LlView& v, int s, uint32_t stamp, const Ll
 
 // The whole warp reads message (s, t)'s routing: whether t sent me a message (its manifest bit) and its
 // header, awaited together, and for each slot the count of its expert on every unmasked source whose
-// block comes before s's (block_source), to find its row (see the protocol). `masked`: the CTA's view of the mask. `failed`: the team failed
-// (on every lane).
+// block comes before s's (block_source), to find its row (see the protocol). `masked`: the CTA's view of the mask.
+// `failed`: the team failed (on every lane).
 template <bool kFp8>
 __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked, uint32_t stamp, int s, int t,
                                     bool& failed) {
