@@ -59,7 +59,7 @@ LlRecv ll_canonicalize(const LlRecv& result, int first_source) {
   if (static_cast<int64_t>(result.recv_count.size()) != num_local || result.layout_range.rows != num_local) {
     throw std::invalid_argument("ll_canonicalize: recv_count, src_idx and layout_range disagree on E_local");
   }
-  if (first_source < 0 || (first_source > 0 && first_source >= num_ranks)) {
+  if (first_source < 0 || first_source >= std::max<int64_t>(num_ranks, 1)) {
     throw std::invalid_argument("ll_canonicalize: first_source " + std::to_string(first_source) + " outside [0, R)");
   }
   check_payload(result.x_bf16, num_local, capacity, "x_bf16");
@@ -104,6 +104,11 @@ LlRecv ll_canonicalize(const LlRecv& result, int first_source) {
     }
   }
   return out;
+}
+
+LlRecv ll_in_epx_order(const LlRecv& result, int rank) {
+  const int64_t num_ranks = result.layout_range.cols;
+  return ll_canonicalize(result, num_ranks > 0 ? int((rank + 1) % num_ranks) : 0);
 }
 
 int64_t ll_find_row(const LlRecv& result, int64_t local_expert, int src_rank, int64_t src_token) {

@@ -4,7 +4,7 @@
 // Every rank rebuilds every rank's inputs from the case seed, so it checks its own outputs against the
 // reference of the whole exchange. Dispatch results are copied back into a ref::LlRecv, brought to the
 // canonical order by ref::ll_canonicalize and compared bit for bit with the reference; the raw result
-// must already be in the order ll.hpp documents (ll_canonicalize's with the rank's next rank first), which
+// must already be in the order ll.hpp documents (ref::ll_in_epx_order), which
 // is also where the reference's combine finds each row of y. Only rows below recv_count are compared: rows
 // past it are not part of the contract. Outputs are poisoned before each call, so a row that is not
 // written fails.
@@ -161,7 +161,7 @@ inline void compute_ll_reference(const LlCase& c, LlExpected& x) {
   }
   // The combine reads y's rows where the dispatch put each (s, t): ll.hpp's order, not the canonical one.
   std::vector<ref::LlRecv> laid_out;
-  for (int r = 0; r < x.R; ++r) laid_out.push_back(ref::ll_canonicalize(x.recv[r], (r + 1) % x.R));
+  for (int r = 0; r < x.R; ++r) laid_out.push_back(ref::ll_in_epx_order(x.recv[r], r));
   x.out_local = ref::ll_combine(x.y, laid_out, idx, weights, placement, ref::LlCombineOrder::local);
   x.out_naive = ref::ll_combine(x.y, laid_out, idx, x.combine_weights, placement, ref::LlCombineOrder::naive);
 }
@@ -456,7 +456,7 @@ inline void check_ll_dispatch(const LlCase& c, const LlExpected& x, int rank, co
   same_recv(who +
                 ": dispatch rows not in the documented order (source blocks from rank + 1 up, wrapping, the rank's "
                 "own last; tokens ascending)",
-            raw, ref::ll_canonicalize(raw, (rank + 1) % x.R));
+            raw, ref::ll_in_epx_order(raw, rank));
   if (uses_fp8(c)) expect_fp8_close_to_input(c, x, rank, got);
 }
 

@@ -159,6 +159,8 @@ TEST(LlCanonicalize, FirstSourceRotatesTheBlocks) {
   EXPECT_EQ(rotated.x_bf16.at(1, 0, 0), exact_bf16(100));  // (1,0)
   EXPECT_EQ(rotated.x_bf16.at(1, 1, 1), exact_bf16(11));   // (0,1)
   EXPECT_EQ(ll_canonicalize(rotated), recv[0]);
+  EXPECT_EQ(ll_in_epx_order(recv[0], 0), rotated);
+  EXPECT_EQ(ll_in_epx_order(recv[1], 1), recv[1]);  // rank 1 of 2: source 0's block first, as canonical
   EXPECT_THROW(ll_canonicalize(recv[0], 2), std::invalid_argument);
   EXPECT_THROW(ll_canonicalize(recv[0], -1), std::invalid_argument);
 }

@@ -103,9 +103,12 @@ std::vector<LlRecv> ll_dispatch(std::span<const LlTokens> tokens, const ExpertPl
 // (contiguous, non-overlapping, starting at 0), that each block's src_idx are distinct and >= 0, and
 // returns the result with blocks in source-rank order and rows sorted by src_idx (payload rows move
 // with them; rows past recv_count cleared). Throws std::invalid_argument otherwise. With first_source,
-// the blocks go first_source, first_source + 1, ..., wrapping: epx's order on receiver me is
-// first_source = (me + 1) % R (its own block last).
+// the blocks go first_source, first_source + 1, ..., wrapping.
 LlRecv ll_canonicalize(const LlRecv& result, int first_source = 0);
+
+// `result` (rank `rank`'s) in the order epx's dispatch promises (epx/ll.hpp): ll_canonicalize's with the
+// blocks from rank + 1 up, wrapping, the rank's own last.
+LlRecv ll_in_epx_order(const LlRecv& result, int rank);
 
 // The row of (src_rank, src_token) for local_expert in `result`, or -1 if it has none.
 int64_t ll_find_row(const LlRecv& result, int64_t local_expert, int src_rank, int64_t src_token);
