@@ -1,4 +1,4 @@
-# Sourced by the profiling scripts (profile_ht.sh, profile_one_gpu.sh), from the repository root: $out
+# Sourced by the profiling scripts (profile_two_gpus.sh, profile_one_gpu.sh), from the repository root: $out
 # (where the reports go: $OUT, or ./device-out) and $build (the build profiled: $EPX_BUILD_DIR, or build),
 # checks that the bench is built and ncu is there, and sets up NCCL as every GPU script does.
 out="${OUT:-$PWD/device-out}"

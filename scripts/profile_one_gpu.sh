@@ -7,7 +7,7 @@
 #
 # With one rank every flag a kernel waits for lies in this process's memory, so ncu may replay a kernel
 # (it restores the memory between passes, and the kernel finds what it found the first time); with a
-# peer it may not (scripts/profile_ht.sh). What such a run shows is the local chain of a kernel: at
+# peer it may not (scripts/profile_two_gpus.sh). What such a run shows is the local chain of a kernel: at
 # EP=1 the LL dispatch sends every message to its own rank and the LL combine sends nothing.
 # Kernel replay (the default) also leaves the kernel's code out of the instruction caches (the bench's
 # "cold" column); application replay runs the whole bench once per pass and profiles the launch as it
