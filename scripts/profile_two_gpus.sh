@@ -17,7 +17,8 @@
 # few at a time with --metrics, and believe a run only when ncu says "1 pass". A run that needs more
 # passes ends within 150 s: each rank waits at most 20 s for the other. Warp-state sampling
 # (smsp__pcsamp_*) took 3 passes for the HT combine and 5 for the LL dispatch even when asked for alone
-# (2026-11-28): it needs one rank (scripts/profile_one_gpu.sh).
+# (2026-11-28): it needs one rank (scripts/profile_one_gpu.sh). So did the L2 hit rate and the DRAM
+# bytes of the LL combine (lts__t_sector_op_read_hit_rate.pct, dram__bytes_read.sum: 3 passes, 2026-11-29).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
