@@ -491,9 +491,12 @@ HtDispatchResult HtBuffer::dispatch(const HtDispatchArgs& args, const HtStreams&
   result.count_matrix = TensorRef::matrix(handle->view().count_matrix, ScalarType::int32, R, R);
   result.handle = fresh ? std::shared_ptr<const HtHandle>(fresh) : args.cached;
   result.finished = im.calls.end(streams, stream);
-  im.latest_outputs =
-      HtDispatchCopies{result.recv_x,        result.recv_x_scales,     result.recv_src_idx,
-                       result.recv_topk_idx, result.recv_topk_weights, result.num_recv_tokens_per_expert};
+  im.latest_outputs = HtDispatchCopies{.recv_x = result.recv_x,
+                                       .recv_x_scales = result.recv_x_scales,
+                                       .recv_src_idx = result.recv_src_idx,
+                                       .recv_topk_idx = result.recv_topk_idx,
+                                       .recv_topk_weights = result.recv_topk_weights,
+                                       .num_recv_tokens_per_expert = result.num_recv_tokens_per_expert};
   return result;
 }
 
