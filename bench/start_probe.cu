@@ -14,8 +14,9 @@
 // latency of the operations the LL kernels chain on a warp's path (op_latency_kernel); what a launch of
 // the LL grid costs beyond an empty kernel's for what the LL kernels have and an empty one has not
 // (launch_cost_rows): dynamic shared memory, a preferred carveout, a large parameter block read in a
-// chain; every warp's first load in a grid of the LL grid's size (first_load_rows); and a combine
-// item's work per warp on one SM or spread over many (item_work_rows). Not part of the library.
+// chain; every warp's first load in a grid of the LL grid's size (first_load_rows); a combine item's work
+// per warp on one SM or spread over many (item_work_rows); and y's rows read as the LL combine reads them
+// by every warp of the grid, where y puts them and packed together (y_read_rows). Not part of the library.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -306,6 +307,111 @@ void item_work_rows(int sms, uint32_t* words, int clock_khz) {
   cudaFreeHost(cycles);
 }
 
+// ---- Reading y's rows as the LL combine does, on every warp of the LL grid ----
+// Each warp reduces 8 rows of a 7168-column BF16 y (two batches of 4 rows' loads in flight, FMAs into 16
+// floats a lane), item g = warp % 14 of each row, laid out as the combine's lines: lane i takes vector
+// i % 8 of line 8 g + 4 j + i / 8 (j = 0, 1); a data vector is 16 bytes of the row's head (112 a line); the
+// stamp lane (vector 7) takes the line's 12 bytes of the row's rest, as three 4-byte loads (`kWordTail`), or
+// 16 bytes of the head instead (a pattern with one vector load a lane). The rows: 1024 of y, `spread` as
+// the combine's packed rows (expert e's rows at e * 256, 8 of each of 128 experts: 470 MB of y) or packed
+// together (rows 0-1023); warp w takes rows[8 w .. 8 w + 7]. Records the warp's cycles.
+constexpr int kYHidden = 7168, kYRows = 1024, kYRowStride = kYHidden * 2;  // bytes
+constexpr int kYHeadBytes = 112 * 116;                                     // 116 lines a row
+template <bool kWordTail>
+__global__ void __launch_bounds__(512) y_read_kernel(const uint8_t* y, const int* rows, long long* cycles, uint4* out) {
+  __shared__ uint32_t sink[16];
+  const int w = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int vec = lane % 8, g = w % 14;
+  const long long start = clock_now();
+  float acc[16] = {};
+#pragma unroll
+  for (int batch = 0; batch < 2; ++batch) {
+    uint4 in[4][2];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint8_t* row = y + std::size_t(rows[8 * w + 4 * batch + b]) * kYRowStride;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int line = 8 * g + 4 * j + lane / 8;
+        if (kWordTail && vec == 7) {
+          const uint32_t* words = reinterpret_cast<const uint32_t*>(row + kYHeadBytes + 12 * line);
+          in[b][j] = make_uint4(words[0], words[1], words[2], 0u);
+        } else {
+          in[b][j] = *reinterpret_cast<const uint4*>(row + 112 * line + 16 * vec);
+        }
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t words[4] = {in[b][j].x, in[b][j].y, in[b][j].z, in[b][j].w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t w16 = words[i / 2];
+          const float f = __uint_as_float(i % 2 == 0 ? w16 << 16 : w16 & 0xFFFF0000u);
+          acc[j * 8 + i] = __fmaf_rn(0.5f, f, acc[j * 8 + i]);
+        }
+      }
+    }
+  }
+  uint32_t x = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) x ^= __float_as_uint(acc[i]);
+  cycles[w] = clock_after(x, sink + threadIdx.x / 32) - start;
+  out[std::size_t(w) * 32 + lane] = make_uint4(x, 0u, 0u, 0u);
+}
+
+// `y`: at least 128 * 256 rows of kYRowStride bytes.
+void y_read_rows(int sms, const uint8_t* y, int clock_khz) {
+  const int warps = sms * 16;
+  std::vector<int> spread(std::size_t(warps) * 8), packed(spread.size());
+  uint32_t state = 12345u;
+  for (std::size_t i = 0; i < spread.size(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    const int r = int((state >> 8) % kYRows);
+    spread[i] = (r / 8) * 256 + r % 8;
+    packed[i] = r;
+  }
+  int* rows = nullptr;
+  long long* cycles = nullptr;
+  uint4* out = nullptr;
+  check_cuda(cudaMalloc(&rows, sizeof(int) * spread.size()), "cudaMalloc");
+  check_cuda(cudaMallocHost(&cycles, sizeof(long long) * warps), "cudaMallocHost");
+  check_cuda(cudaMalloc(&out, sizeof(uint4) * 32 * warps), "cudaMalloc");
+  std::printf(
+      "\nepx-start-probe: y's rows read as the LL combine reads them, every warp of the grid (%d warps, 8 rows' "
+      "items, 8 KB a warp, %.1f MB in all from L2); median over %d launches of the warps' median and maximum, us\n",
+      warps, warps * 8.0 * 1024 / 1e6, kSpreadLaunches);
+  struct Pattern {
+    const char* name;
+    const std::vector<int>* rows;
+    bool word_tail;
+  };
+  const Pattern patterns[] = {{"rows as packed, word tails", &spread, true},
+                              {"rows as packed, vectors only", &spread, false},
+                              {"rows together, word tails", &packed, true},
+                              {"rows together, vectors only", &packed, false}};
+  for (const Pattern& pattern : patterns) {
+    check_cuda(cudaMemcpy(rows, pattern.rows->data(), sizeof(int) * pattern.rows->size(), cudaMemcpyHostToDevice),
+               "cudaMemcpy");
+    const WarpSpread w = warp_spread(  // from the warm-up on, the rows are in L2
+        [&] {
+          if (pattern.word_tail) {
+            y_read_kernel<true><<<sms, 512>>>(y, rows, cycles, out);
+          } else {
+            y_read_kernel<false><<<sms, 512>>>(y, rows, cycles, out);
+          }
+        },
+        cycles, warps, clock_khz);
+    std::printf("%-30s med %6.3f max %6.3f (%.2f TB/s over the max)\n", pattern.name, w.median_us, w.max_us,
+                warps * 8.0 * 1024 / (w.max_us * 1e6));
+  }
+  cudaFree(rows);
+  cudaFree(out);
+  cudaFreeHost(cycles);
+}
+
 // ---- Launch costs: one kernel of the LL grid per graph, events around the launch ----
 // Each kernel does nothing but what its row names; `before` (a one-warp kernel with no shared memory,
 // as the bench's team barrier) runs untimed ahead of every launch, or the kernel itself does.
@@ -464,6 +570,7 @@ void run() {
   launch_cost_rows(sms, sink);
   first_load_rows(sms, words, sweep, clock_khz);
   item_work_rows(sms, words, clock_khz);
+  y_read_rows(sms, reinterpret_cast<const uint8_t*>(sweep), clock_khz);
   cudaFree(words);
   cudaFree(sweep);
   cudaFree(sink);
