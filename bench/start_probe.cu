@@ -15,8 +15,9 @@
 // the LL grid costs beyond an empty kernel's for what the LL kernels have and an empty one has not
 // (launch_cost_rows): dynamic shared memory, a preferred carveout, a large parameter block read in a
 // chain; every warp's first load in a grid of the LL grid's size (first_load_rows); a combine item's work
-// per warp on one SM or spread over many (item_work_rows); and y's rows read as the LL combine reads them
-// by every warp of the grid, where y puts them and packed together (y_read_rows). Not part of the library.
+// per warp on one SM or spread over many (item_work_rows); y's rows read as the LL combine reads them by
+// every warp of the grid, where y puts them and packed together (y_read_rows); and the LL combine's
+// own-rows phase, a record and then 0-8 rows a warp (y_phase_rows). Not part of the library.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -317,23 +318,22 @@ void item_work_rows(int sms, uint32_t* words, int clock_khz) {
 // together (rows 0-1023); warp w takes rows[8 w .. 8 w + 7]. Records the warp's cycles.
 constexpr int kYHidden = 7168, kYRows = 1024, kYRowStride = kYHidden * 2;  // bytes
 constexpr int kYHeadBytes = 112 * 116;                                     // 116 lines a row
-template <bool kWordTail>
-__global__ void __launch_bounds__(512) y_read_kernel(const uint8_t* y, const int* rows, long long* cycles, uint4* out) {
-  __shared__ uint32_t sink[16];
-  const int w = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32), lane = int(threadIdx.x % 32);
-  const int vec = lane % 8, g = w % 14;
-  const long long start = clock_now();
-  float acc[16] = {};
+
+// The lanes' sums (acc) of item g of rows row_of(0 .. count - 1), kInFlight rows' loads at a time.
+template <int kInFlight, bool kWordTail, typename RowOf>
+__device__ void add_rows(const uint8_t* y, int g, int count, RowOf row_of, float (&acc)[16]) {
+  const int lane = int(threadIdx.x % 32), vec = lane % 8;
+  for (int first = 0; first < count; first += kInFlight) {
+    uint4 in[kInFlight][2];
 #pragma unroll
-  for (int batch = 0; batch < 2; ++batch) {
-    uint4 in[4][2];
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const uint8_t* row = y + std::size_t(rows[8 * w + 4 * batch + b]) * kYRowStride;
+    for (int b = 0; b < kInFlight; ++b) {
+      const uint8_t* row = y + std::size_t(row_of(min(first + b, count - 1))) * kYRowStride;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int line = 8 * g + 4 * j + lane / 8;
-        if (kWordTail && vec == 7) {
+        if (first + b >= count) {
+          in[b][j] = make_uint4(0u, 0u, 0u, 0u);
+        } else if (kWordTail && vec == 7) {
           const uint32_t* words = reinterpret_cast<const uint32_t*>(row + kYHeadBytes + 12 * line);
           in[b][j] = make_uint4(words[0], words[1], words[2], 0u);
         } else {
@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(512) y_read_kernel(const uint8_t* y, const int
       }
     }
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
+    for (int b = 0; b < kInFlight; ++b) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint32_t words[4] = {in[b][j].x, in[b][j].y, in[b][j].z, in[b][j].w};
@@ -355,11 +355,27 @@ __global__ void __launch_bounds__(512) y_read_kernel(const uint8_t* y, const int
       }
     }
   }
+}
+
+// The warp's cycles since `start`, once its sums are done, into cycles[w]; the sums into `out`.
+__device__ void record_sums(const float (&acc)[16], long long start, int w, uint32_t* sink, long long* cycles,
+                            uint4* out) {
   uint32_t x = 0;
 #pragma unroll
   for (int i = 0; i < 16; ++i) x ^= __float_as_uint(acc[i]);
   cycles[w] = clock_after(x, sink + threadIdx.x / 32) - start;
-  out[std::size_t(w) * 32 + lane] = make_uint4(x, 0u, 0u, 0u);
+  out[std::size_t(w) * 32 + threadIdx.x % 32] = make_uint4(x, 0u, 0u, 0u);
+}
+
+template <bool kWordTail>
+__global__ void __launch_bounds__(512) y_read_kernel(const uint8_t* y, const int* rows, long long* cycles, uint4* out) {
+  __shared__ uint32_t sink[16];
+  const int w = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
+  const long long start = clock_now();
+  float acc[16] = {};
+  add_rows<4, kWordTail>(
+      y, w % 14, 8, [&](int i) { return rows[8 * w + i]; }, acc);
+  record_sums(acc, start, w, sink, cycles, out);
 }
 
 // `y`: at least 128 * 256 rows of kYRowStride bytes.
@@ -408,6 +424,73 @@ void y_read_rows(int sms, const uint8_t* y, int clock_khz) {
                 warps * 8.0 * 1024 / (w.max_us * 1e6));
   }
   cudaFree(rows);
+  cudaFree(out);
+  cudaFreeHost(cycles);
+}
+
+// The LL combine's own-rows phase at T = 128, EP = 2: warp w's token has `count` of its 8 experts' rows here
+// (8 random bits' popcount, as a token's 8 experts fall on 2 ranks), listed in a record it loads first
+// (records[16 w]: count, then the rows), as the combine loads the dispatch's record. It reduces them as
+// y_read_kernel does, kInFlight rows' loads at a time. kTimeRecord: the warp's time includes the record's
+// round trip; else it counts from the record's arrival.
+template <int kInFlight, bool kTimeRecord>
+__global__ void __launch_bounds__(512)
+    y_phase_kernel(const uint8_t* y, const int* records, long long* cycles, uint4* out) {
+  __shared__ uint32_t sink[16];
+  const int w = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  long long start = clock_now();
+  const int word = lane < 9 ? records[16 * w + lane] : 0;
+  const int count = __shfl_sync(~0u, word, 0);
+  if (!kTimeRecord) start = clock_after(uint32_t(word), sink + threadIdx.x / 32);
+  float acc[16] = {};
+  add_rows<kInFlight, true>(
+      y, w % 14, count, [&](int i) { return __shfl_sync(~0u, word, 1 + i); }, acc);
+  record_sums(acc, start, w, sink, cycles, out);
+}
+
+void y_phase_rows(int sms, const uint8_t* y, int clock_khz) {
+  const int warps = sms * 16;
+  std::vector<int> records(std::size_t(warps) * 16, 0);
+  uint32_t state = 54321u;
+  long long rows_read = 0;
+  for (int w = 0; w < warps; ++w) {
+    state = state * 1664525u + 1013904223u;
+    const int count = __builtin_popcount((state >> 8) & 0xFFu);
+    records[16 * w] = count;
+    rows_read += count;
+    for (int k = 0; k < 8; ++k) {
+      state = state * 1664525u + 1013904223u;
+      const int r = int((state >> 8) % kYRows);
+      records[16 * w + 1 + k] = (r / 8) * 256 + r % 8;
+    }
+  }
+  int* table = nullptr;
+  long long* cycles = nullptr;
+  uint4* out = nullptr;
+  check_cuda(cudaMalloc(&table, sizeof(int) * records.size()), "cudaMalloc");
+  check_cuda(cudaMemcpy(table, records.data(), sizeof(int) * records.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  check_cuda(cudaMallocHost(&cycles, sizeof(long long) * warps), "cudaMallocHost");
+  check_cuda(cudaMalloc(&out, sizeof(uint4) * 32 * warps), "cudaMalloc");
+  const double bytes = double(rows_read) * 1024;
+  std::printf(
+      "\nepx-start-probe: the LL combine's own-rows phase, every warp of the grid (0-8 rows a warp, %.1f MB in all, "
+      "rows as packed); median over %d launches of the warps' median and maximum, us\n",
+      bytes / 1e6, kSpreadLaunches);
+  struct Variant {
+    const char* name;
+    void (*kernel)(const uint8_t*, const int*, long long*, uint4*);
+  };
+  const Variant variants[] = {{"record, 4 rows in flight", y_phase_kernel<4, true>},
+                              {"record, 2 rows in flight", y_phase_kernel<2, true>},
+                              {"record, 8 rows in flight", y_phase_kernel<8, true>},
+                              {"after the record, 4 in flight", y_phase_kernel<4, false>}};
+  for (const Variant& v : variants) {
+    const WarpSpread spread = warp_spread(  // from the warm-up on, the rows are in L2
+        [&] { v.kernel<<<sms, 512>>>(y, table, cycles, out); }, cycles, warps, clock_khz);
+    std::printf("%-30s med %6.3f max %6.3f (%.2f TB/s over the max)\n", v.name, spread.median_us, spread.max_us,
+                bytes / (spread.max_us * 1e6));
+  }
+  cudaFree(table);
   cudaFree(out);
   cudaFreeHost(cycles);
 }
@@ -571,6 +654,7 @@ void run() {
   first_load_rows(sms, words, sweep, clock_khz);
   item_work_rows(sms, words, clock_khz);
   y_read_rows(sms, reinterpret_cast<const uint8_t*>(sweep), clock_khz);
+  y_phase_rows(sms, reinterpret_cast<const uint8_t*>(sweep), clock_khz);
   cudaFree(words);
   cudaFree(sweep);
   cudaFree(sink);
