@@ -448,6 +448,7 @@ __global__ void __launch_bounds__(512)
   record_sums(acc, start, w, sink, cycles, out);
 }
 
+// `y`: as y_read_rows's.
 void y_phase_rows(int sms, const uint8_t* y, int clock_khz) {
   const int warps = sms * 16;
   std::vector<int> records(std::size_t(warps) * 16, 0);
