@@ -402,24 +402,17 @@ void y_read_rows(int sms, const uint8_t* y, int clock_khz) {
   struct Pattern {
     const char* name;
     const std::vector<int>* rows;
-    bool word_tail;
+    void (*kernel)(const uint8_t*, const int*, long long*, uint4*);
   };
-  const Pattern patterns[] = {{"rows as packed, word tails", &spread, true},
-                              {"rows as packed, vectors only", &spread, false},
-                              {"rows together, word tails", &packed, true},
-                              {"rows together, vectors only", &packed, false}};
+  const Pattern patterns[] = {{"rows as packed, word tails", &spread, y_read_kernel<true>},
+                              {"rows as packed, vectors only", &spread, y_read_kernel<false>},
+                              {"rows together, word tails", &packed, y_read_kernel<true>},
+                              {"rows together, vectors only", &packed, y_read_kernel<false>}};
   for (const Pattern& pattern : patterns) {
     check_cuda(cudaMemcpy(rows, pattern.rows->data(), sizeof(int) * pattern.rows->size(), cudaMemcpyHostToDevice),
                "cudaMemcpy");
     const WarpSpread w = warp_spread(  // from the warm-up on, the rows are in L2
-        [&] {
-          if (pattern.word_tail) {
-            y_read_kernel<true><<<sms, 512>>>(y, rows, cycles, out);
-          } else {
-            y_read_kernel<false><<<sms, 512>>>(y, rows, cycles, out);
-          }
-        },
-        cycles, warps, clock_khz);
+        [&] { pattern.kernel<<<sms, 512>>>(y, rows, cycles, out); }, cycles, warps, clock_khz);
     std::printf("%-30s med %6.3f max %6.3f (%.2f TB/s over the max)\n", pattern.name, w.median_us, w.max_us,
                 warps * 8.0 * 1024 / (w.max_us * 1e6));
   }

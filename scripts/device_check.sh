@@ -163,6 +163,17 @@ sanitizers_run() {
   done | tee "$out/sanitizers.txt"
 }
 
+# Machine paths out of every log (they are committed under bench/results): the Python packages' folder becomes
+# <site-packages>, this tree's path (absolute, or relative as pytest prints it) <repo>.
+strip_machine_paths() {
+  local tree f
+  tree="$(printf '%s' "${PWD#/}" | sed 's/[].[*^$()+?{}|]/\\&/g')"
+  for f in "$out"/*.txt "$out"/*.log; do
+    [ -f "$f" ] || continue
+    sed -i -E -e "s#[^ \"'(=]*/site-packages#<site-packages>#g" -e "s#(/|(\.\./)+)$tree([^A-Za-z0-9_.+-]|\$)#<repo>\3#g" "$f"
+  done
+}
+
 : >"$out/sanitizers.txt"
 # The bench first: it is the main job, and on a machine with a time limit its numbers come back even
 # when a later step runs out of time.
@@ -186,16 +197,6 @@ fi
 } >"$out/summary.txt"
 echo
 cat "$out/summary.txt"
-# Machine paths out of every log (they are committed under bench/results): the Python packages' folder becomes
-# <site-packages>, this tree's path (absolute, or relative as pytest prints it) <repo>.
-strip_machine_paths() {
-  local tree f
-  tree="$(printf '%s' "${PWD#/}" | sed 's/[].[*^$()+?{}|]/\\&/g')"
-  for f in "$out"/*.txt "$out"/*.log; do
-    [ -f "$f" ] || continue
-    sed -i -E -e "s#[^ \"'(=]*/site-packages#<site-packages>#g" -e "s#(/|(\.\./)+)$tree([^A-Za-z0-9_.+-]|\$)#<repo>\3#g" "$f"
-  done
-}
 strip_machine_paths
 if [ "$pack" -eq 1 ]; then
   (cd "$out" && find . -maxdepth 1 -type f ! -name bench.json ! -name summary.txt ! -name logs.tar.gz -printf '%P\n' |
