@@ -65,6 +65,25 @@ __global__ void __launch_bounds__(512) line_burst(uint4* dst, int items) {
   }
 }
 
+// The same items loaded from src (the next rank's memory) instead, with the LL kernels' loads
+// (kernels::ll::load_vector); a warp folds what it loaded into one word, stored only if it matches `never`
+// (so that no load is dropped).
+__global__ void __launch_bounds__(512) line_pull(const uint4* src, int items, uint32_t never, uint32_t* sink) {
+  constexpr int kVectorsPerItem = kBurstItemLines * core::kLlLineVectors;
+  using kernels::kWarp;
+  const int warps_per_cta = blockDim.x / kWarp, lane = threadIdx.x % kWarp;
+  uint32_t folded = 0;
+  for (int i = blockIdx.x * warps_per_cta + threadIdx.x / kWarp; i < items; i += gridDim.x * warps_per_cta) {
+    uint4 v[kVectorsPerItem / kWarp];
+#pragma unroll
+    for (int k = 0; k < kVectorsPerItem / kWarp; ++k)
+      v[k] = kernels::ll::load_vector(src + i * kVectorsPerItem + k * kWarp + lane);
+#pragma unroll
+    for (int k = 0; k < kVectorsPerItem / kWarp; ++k) folded ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  }
+  if (folded == never) sink[threadIdx.x] = folded;
+}
+
 // Rank 0 and rank 1 bounce a counter: each waits for the other's value, then bumps the other's flag.
 // Word `word` of each rank's flags is written only by the other rank. kRelease: each store a release, as
 // the library's signals are; otherwise relaxed, as its stamped data and the handshake's word are.
@@ -295,6 +314,7 @@ Limits measure_limits(Team& team) {
       detail::fail(ErrorKind::internal, "NVLink limit test: " + std::to_string(bad_host) + " words arrived wrong");
 
     limits.stamps = probe_stamped_stores(team, StampPath::nvlink);
+    limits.stamps_pulled = probe_stamped_stores(team, StampPath::pulled);
 
     // Bursts of lines (line_burst) from the LL grid to the next rank, every rank at once, each kernel
     // captured alone in a graph and timed as the LL calls are (its stores are complete when it is): the
@@ -306,6 +326,12 @@ Limits measure_limits(Team& team) {
         detail::check_launch("line_burst");
       };
       burst.us = time_graph(stream, 5, 100, store, barrier).median_us;
+      const auto pull = [&](cudaStream_t s) {
+        line_pull<<<c.sms, 512, 0, s>>>(static_cast<const uint4*>(inbox.peer(next)), items, 0x9e3779b9u,
+                                        static_cast<uint32_t*>(inbox.local()));
+        detail::check_launch("line_pull");
+      };
+      burst.pull_us = time_graph(stream, 5, 100, pull, barrier).median_us;
     }
 
     // One-way latencies between ranks 0 and 1 (the others only join the barrier and keep 0): a release

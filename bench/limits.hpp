@@ -16,10 +16,12 @@ struct LoadRoundTrip {
 };
 
 // A burst of 128-byte lines stored to the next rank in one launch of the LL grid, as the LL kernels store
-// them, timed as the LL calls are (limits.cu's line_burst).
+// them, timed as the LL calls are (limits.cu's line_burst); and the same lines loaded from the next rank's
+// memory instead (line_pull), what a receiver that pulls its lines meets.
 struct LineBurst {
   std::size_t bytes = 0;
   double us = 0;
+  double pull_us = 0;
 };
 
 // A kernel of the LL grid in which one thread stores a word into the next rank's memory and waits for the
@@ -54,8 +56,9 @@ struct Limits {
   bool data_checked = false;                // every byte the NVLink tests moved was compared on the GPU
   StampProbe stamps;                        // whether stamped stores arrive whole over NVLink (stamp_probe.cu)
   StampProbe stamps_same_gpu;               // and from a rank to its own memory
+  StampProbe stamps_pulled;                 // and to a rank's own memory, read by the previous rank over NVLink
   // About the LL dispatch's payload to a peer at the default shape (1.0 MB) and its combine's (1.9 MB).
-  LineBurst line_bursts[2] = {{std::size_t(1) << 20, 0}, {std::size_t(2) << 20, 0}};
+  LineBurst line_bursts[2] = {{std::size_t(1) << 20}, {std::size_t(2) << 20}};
   Handshake handshake;
 };
 

@@ -328,8 +328,10 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
   };
   write_stamps("stamped_", limits.stamps);
   write_stamps("stamped_same_gpu_", limits.stamps_same_gpu);
+  write_stamps("stamped_pulled_", limits.stamps_pulled);
   for (const LineBurst& b : limits.line_bursts) {
     j.field(("line_burst_" + std::to_string(b.bytes >> 20) + "_mib_us").c_str(), b.us);
+    j.field(("line_pull_" + std::to_string(b.bytes >> 20) + "_mib_us").c_str(), b.pull_us);
   }
   j.field("handshake_us", limits.handshake.us)
       .field("handshake_wait_rank0_us", limits.handshake.wait_us[0])
@@ -450,6 +452,8 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
     for (const LineBurst& b : l.line_bursts) {
       std::printf("%-44s %9.2f us\n",
                   (std::to_string(b.bytes >> 20) + " MiB of lines to the next rank, as LL calls").c_str(), b.us);
+      std::printf("%-44s %9.2f us\n",
+                  (std::to_string(b.bytes >> 20) + " MiB of lines from the next rank, as LL calls").c_str(), b.pull_us);
     }
     std::printf("%-44s %9.2f us\n", "flag latency, one way", l.flag_latency_us);
     std::printf("%-44s %9.2f us\n", "  with relaxed stores", l.relaxed_word_latency_us);
@@ -467,6 +471,7 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
     print_load("own symmetric memory", l.load_own_symmetric_ns);
     print_load("next rank's symmetric memory", l.load_peer_symmetric_ns);
     print_stamps("", l.stamps);
+    print_stamps(" (pulled)", l.stamps_pulled);
   } else {
     std::printf("%-44s %12s\n", "NVLink limits", "n/a: 1 GPU");
   }

@@ -10,12 +10,13 @@
 //     n = 1..7 by chunk: copies of every size below 1 KiB, starting at 128-byte boundaries, as LL rows'
 //     items do (a row of ll_row_lines(2 H) lines is not a multiple of 8 lines). Read as above: whether
 //     a protocol may send its lines through the copy engine instead of the SM's stores.
-// Two passes. Over NVLink: every rank writes its next rank's area while reading its own (both
+// Three passes. Over NVLink: every rank writes its next rank's area while reading its own (both
 // directions busy). On the same GPU (run with one GPU too): every rank writes its own area while reading
 // it (what a rank's rows to itself would meet: the writer's lines reach the reader through L2, not the
-// link). One epoch per kernel; an epoch overwrites the previous one's lines, so stale payload is the
-// previous epoch's. A team barrier separates epochs. Waits are bounded: a line that never shows its
-// stamp is counted as missing, not waited for.
+// link). Pulled: every rank writes its own area while the previous rank reads it over NVLink (what a
+// receiver that loads its lines from the sender's memory would meet). One epoch per kernel; an epoch
+// overwrites the previous one's lines, so stale payload is the previous epoch's. A team barrier separates
+// epochs. Waits are bounded: a line that never shows its stamp is counted as missing, not waited for.
 #include "bench/stamp_probe.hpp"
 
 #include <cuda_runtime_api.h>
@@ -80,13 +81,13 @@ __device__ bool equal(uint4 a, uint4 b) { return a.x == b.x && a.y == b.y && a.z
 // visible to the copy engine by each lane's proxy fence), lane 0 stores it with two bulk copies (n and
 // kStageLines - n lines), and before it reuses a stage waits until the copies that read it are done
 // reading (all but the previous chunk's two).
-__device__ void write_epoch(Area* peer, uint32_t epoch, BulkStage (&stages)[2]) {
+__device__ void write_epoch(Area* area, uint32_t epoch, BulkStage (&stages)[2]) {
   const int lane = threadIdx.x % 32, warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int warps = kWriterBlocks * kThreads / 32;
   const int vector = lane % kVectors;
   for (int line = warp * 4 + lane / kVectors; line < kLines; line += warps * 4) {
-    store_vector(&peer->words[line][vector], stamped_vector(epoch, line, vector));
-    store_vector(&peer->lines[line][vector], line_vector(epoch, line, vector));
+    store_vector(&area->words[line][vector], stamped_vector(epoch, line, vector));
+    store_vector(&area->lines[line][vector], line_vector(epoch, line, vector));
   }
   int stage = 0;
   for (int chunk = warp; chunk < kLines / kStageLines; chunk += warps, stage ^= 1) {
@@ -99,9 +100,9 @@ __device__ void write_epoch(Area* peer, uint32_t epoch, BulkStage (&stages)[2]) 
     __syncwarp();
     if (lane == 0) {
       const int n = 1 + chunk % (kStageLines - 1), first = chunk * kStageLines;
-      kernels::bulk_store(&peer->bulk[first][0], &stages[stage][0][0], uint32_t(n * sizeof(uint4) * kVectors));
+      kernels::bulk_store(&area->bulk[first][0], &stages[stage][0][0], uint32_t(n * sizeof(uint4) * kVectors));
       kernels::bulk_commit();
-      kernels::bulk_store(&peer->bulk[first + n][0], &stages[stage][n][0],
+      kernels::bulk_store(&area->bulk[first + n][0], &stages[stage][n][0],
                           uint32_t((kStageLines - n) * sizeof(uint4) * kVectors));
       kernels::bulk_commit();
     }
@@ -132,9 +133,9 @@ __device__ void read_line(const uint4 (*lines)[kVectors], int line, uint32_t epo
   }
 }
 
-// Reader warps: the same lanes poll their own area until the stamps of this epoch show, then compare
-// what the same load brought.
-__device__ void read_epoch(const Area* mine, uint32_t epoch, Counts* counts) {
+// Reader warps: the same lanes poll the area they read (their own, or the next rank's when pulled) until
+// the stamps of this epoch show, then compare what the same load brought.
+__device__ void read_epoch(const Area* area, uint32_t epoch, Counts* counts) {
   const int lane = threadIdx.x % 32;
   const int warp = ((blockIdx.x - kWriterBlocks) * blockDim.x + threadIdx.x) / 32;
   const int warps = kReaderBlocks * kThreads / 32;
@@ -144,7 +145,7 @@ __device__ void read_epoch(const Area* mine, uint32_t epoch, Counts* counts) {
     // 16 bytes: each lane on its own.
     const uint64_t start = transport::global_timer_ns();
     for (;;) {
-      const uint4 got = load_vector(&mine->words[line][vector]);
+      const uint4 got = load_vector(&area->words[line][vector]);
       if (got.x == epoch) {
         torn_16 += !equal(got, stamped_vector(epoch, line, vector));
         break;
@@ -155,8 +156,8 @@ __device__ void read_epoch(const Area* mine, uint32_t epoch, Counts* counts) {
       }
     }
     // 128 bytes: the 8 lanes of a line load it together; lane 7 holds the stamp.
-    read_line(mine->lines, line, epoch, torn_128, missing_128);
-    read_line(mine->bulk, line, epoch, torn_bulk, missing_bulk);
+    read_line(area->lines, line, epoch, torn_128, missing_128);
+    read_line(area->bulk, line, epoch, torn_bulk, missing_bulk);
   }
   if (torn_16 | missing_16 | torn_128 | missing_128 | torn_bulk | missing_bulk) {
     atomicAdd(&counts->torn_16, torn_16);
@@ -168,12 +169,13 @@ __device__ void read_epoch(const Area* mine, uint32_t epoch, Counts* counts) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) stamp_epoch(Area* peer, const Area* mine, uint32_t epoch, Counts* counts) {
+__global__ void __launch_bounds__(kThreads)
+    stamp_epoch(Area* written, const Area* read, uint32_t epoch, Counts* counts) {
   __shared__ BulkStage stages[kThreads / 32][2];
   if (blockIdx.x < kWriterBlocks) {
-    write_epoch(peer, epoch, stages[threadIdx.x / 32]);
+    write_epoch(written, epoch, stages[threadIdx.x / 32]);
   } else {
-    read_epoch(mine, epoch, counts);
+    read_epoch(read, epoch, counts);
   }
 }
 
@@ -188,11 +190,12 @@ StampProbe probe_stamped_stores(Team& team, StampPath path) {
   Counts* counts = nullptr;
   check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&counts), sizeof(Counts), stream), "cudaMallocAsync");
   check_cuda(cudaMemsetAsync(counts, 0, sizeof(Counts), stream), "cudaMemsetAsync");
-  const int next = path == StampPath::nvlink ? (team.rank() + 1) % team.size() : team.rank();
+  const int next = (team.rank() + 1) % team.size();
+  Area* written = static_cast<Area*>(path == StampPath::nvlink ? area.peer(next) : area.local());
+  const Area* read = static_cast<const Area*>(path == StampPath::pulled ? area.peer(next) : area.local());
   for (uint32_t epoch = 1; epoch <= kEpochs; ++epoch) {
     enqueue_team_barrier(team, stream);  // every reader is done with the previous epoch
-    stamp_epoch<<<kWriterBlocks + kReaderBlocks, kThreads, 0, stream>>>(
-        static_cast<Area*>(area.peer(next)), static_cast<const Area*>(area.local()), epoch, counts);
+    stamp_epoch<<<kWriterBlocks + kReaderBlocks, kThreads, 0, stream>>>(written, read, epoch, counts);
     detail::check_launch("stamp_epoch");
   }
   Counts mine{};

@@ -19,8 +19,10 @@ struct StampProbe {
   int64_t missing_bulk = 0;
 };
 
-// Where the stamped stores go: to the next rank over NVLink, or to this rank's own memory.
-enum class StampPath { nvlink, same_gpu };
+// Where the stamped stores go and who reads them: to the next rank over NVLink, read there; to this rank's
+// own memory, read here; or to this rank's own memory, read by the previous rank over NVLink (a receiver
+// that pulls its lines).
+enum class StampPath { nvlink, same_gpu, pulled };
 
 // Collective over the team (one process per GPU; the NVLink path needs at least 2).
 StampProbe probe_stamped_stores(Team& team, StampPath path);
