@@ -246,7 +246,17 @@ void write_ht_tuning(JsonWriter& j, const HtBenchResult& ht) {
   j.end_object();
 }
 
-void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
+// What a launch of the LL grid that only stores `bytes` of lines to the peer takes, timed as the LL calls:
+// the two line bursts of the limits joined by a straight line (the link's time per byte between them,
+// extended past them); 0 where the limits have no bursts or the op moves nothing over NVLink.
+double line_burst_us(const Limits& l, double bytes) {
+  const LineBurst& a = l.line_bursts[0];
+  const LineBurst& b = l.line_bursts[1];
+  if (a.us <= 0 || b.us <= 0 || bytes <= 0) return 0;
+  return a.us + (bytes - double(a.bytes)) * (b.us - a.us) / double(b.bytes - a.bytes);
+}
+
+void write_ll_rows(JsonWriter& j, const LlBenchResult& ll, const Limits& l) {
   for (const LlBenchRow& row : ll.rows) {
     j.begin_object().field("mode", "ll").field("op", row.op).field("dtype", row.dtype);
     if (!row.order.empty()) j.field("order", row.order);
@@ -256,6 +266,7 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
     write_timing(j, row);
     j.field("in_a_row_us", row.in_a_row_us);
     j.field("cold_us", row.cold_us);
+    j.field("line_burst_us", line_burst_us(l, row.nvlink_bytes));
     j.field("replays", ll.replays)
         .field("in_a_row_rounds", kLlInARowRounds)
         .field("buffer_bytes", static_cast<long long>(ll.buffer_bytes))
@@ -270,7 +281,9 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll) {
                "code run on every SM before each barrier (the call fetches its code again, as between a decode "
                "step's other kernels); ops dispatch_send / dispatch_receive and combine_send / combine_receive: the "
                "two steps of a send_only call, each timed as time_us, the receive step after its sends and a barrier "
-               "(every peer's data there: the step's cost without waiting; no in-a-row, cold or bytes); no L2 flush "
+               "(every peer's data there: the step's cost without waiting; no in-a-row, cold or bytes); line_burst_us: "
+               "a launch of the LL grid that only stores the op's NVLink bytes to the peer as lines, timed as "
+               "time_us (the limits' two line bursts joined by a straight line; 0 without them); no L2 flush "
                "(latency-bound); bytes and GB/s: the "
                "slowest rank's, per direction (NVLink: dispatch messages, payload as 128-byte lines of 112 row bytes + "
                "message_header_bytes each, or combine rows back to the home rank as 128-byte lines of 124 row bytes)")
@@ -340,7 +353,7 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
   j.end_object();
   j.begin_array("results");
   if (ht != nullptr) write_ht_rows(j, *ht);
-  if (ll != nullptr) write_ll_rows(j, *ll);
+  if (ll != nullptr) write_ll_rows(j, *ll, limits);
   j.end_array();
   if (ht != nullptr && !ht->tuning.empty()) write_ht_tuning(j, *ht);
   if (ll != nullptr && !ll->tuning.empty()) write_ll_tuning(j, *ll);
@@ -405,18 +418,21 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
       l.measured_nvlink ? formatted(l.handshake.start_skew_us, "%.2f").c_str() : "-");
   std::printf(
       "time: the slowest rank's median of %d graph replays (one call each, after a team barrier); in a row: one call "
-      "of %d replays back to back; cold: as time, with other code run on every SM before each barrier; *_send and "
-      "*_receive: a send_only call's two steps, each timed alone (the receive step with its data there); GB/s per "
+      "of %d replays back to back; cold: as time, with other code run on every SM before each barrier; burst: a "
+      "launch that only stores the call's NVLink bytes to the peer as lines, timed as time (from the two bursts "
+      "above); *_send and *_receive: a send_only call's two steps, each timed alone (the receive step with its data "
+      "there); GB/s per "
       "rank and direction\n",
       ll.replays, ll.replays);
-  std::printf("%-16s %-6s %-8s %9s %7s %9s %8s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag",
-              "in a row", "cold", "NVLink GB/s", "algo GB/s", "checked", "target");
+  std::printf("%-16s %-6s %-8s %9s %7s %9s %8s %9s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag",
+              "in a row", "cold", "burst us", "NVLink GB/s", "algo GB/s", "checked", "target");
   for (const LlBenchRow& row : ll.rows) {
     const Target target = ll_target(ll.ranks, default_shape(ll), row.op, row.dtype, row.order);
-    std::printf("%-16s %-6s %-8s %9.2f %7s %9s %8s %12s %10s %8s  %s\n", row.op.c_str(), row.dtype.c_str(),
+    std::printf("%-16s %-6s %-8s %9.2f %7s %9s %8s %9s %12s %10s %8s  %s\n", row.op.c_str(), row.dtype.c_str(),
                 row.order.empty() ? "-" : row.order.c_str(), row.time_us,
                 number_or_dash(l.flag_latency_us > 0 ? row.time_us / l.flag_latency_us : 0, "%.1f").c_str(),
                 number_or_dash(row.in_a_row_us, "%.2f").c_str(), number_or_dash(row.cold_us, "%.2f").c_str(),
+                number_or_dash(line_burst_us(l, row.nvlink_bytes), "%.2f").c_str(),
                 number_or_dash(row.nvlink_gbps, "%.1f").c_str(), number_or_dash(row.algo_gbps, "%.1f").c_str(),
                 row.checked ? "yes" : "NO", target_cell(target, row).c_str());
   }
