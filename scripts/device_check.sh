@@ -2,7 +2,7 @@
 # The device script: on a GPU machine, build (or use a carried build), run the bench and every GPU test
 # (C++, the dead-peer test, Python with torch where it is installed), and end with a short table. Logs
 # and the bench JSON go to $OUT (or ./device-out); the logs' machine paths are replaced (<site-packages>,
-# <repo>), as they are committed under bench/results.
+# <out>, <repo>), as they are committed under bench/results.
 #
 #   scripts/device_check.sh [--kind NAME] [--commit SHA] [--tests FILTER] [--bench "ARGS"] [--no-bench]
 #                           [--no-sanitizers] [--only-sanitizers] [--sanitizer-tests FILTER] [--pack]
@@ -164,13 +164,15 @@ sanitizers_run() {
 }
 
 # Machine paths out of every log (they are committed under bench/results): the Python packages' folder becomes
-# <site-packages>, this tree's path (absolute, or relative as pytest prints it) <repo>.
+# <site-packages>, the output folder <out>, this tree's path (absolute, or relative as pytest prints it) <repo>.
 strip_machine_paths() {
-  local tree f
+  local tree outdir f
   tree="$(printf '%s' "${PWD#/}" | sed 's/[].[*^$()+?{}|]/\\&/g')"
+  outdir="$(cd "$out" && pwd | sed 's/[].[*^$()+?{}|]/\\&/g')"
   for f in "$out"/*.txt "$out"/*.log; do
     [ -f "$f" ] || continue
-    sed -i -E -e "s#[^ \"'(=]*/site-packages#<site-packages>#g" -e "s#(/|(\.\./)+)$tree([^A-Za-z0-9_.+-]|\$)#<repo>\3#g" "$f"
+    sed -i -E -e "s#$outdir([^A-Za-z0-9_.+-]|\$)#<out>\1#g" -e "s#[^ \"'(=]*/site-packages#<site-packages>#g" \
+      -e "s#(/|(\.\./)+)$tree([^A-Za-z0-9_.+-]|\$)#<repo>\3#g" "$f"
   done
 }
 
