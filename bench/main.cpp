@@ -421,8 +421,7 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
       "of %d replays back to back; cold: as time, with other code run on every SM before each barrier; burst: a "
       "launch that only stores the call's NVLink bytes to the peer as lines, timed as time (from the two bursts "
       "above); *_send and *_receive: a send_only call's two steps, each timed alone (the receive step with its data "
-      "there); GB/s per "
-      "rank and direction\n",
+      "there); GB/s per rank and direction\n",
       ll.replays, ll.replays);
   std::printf("%-16s %-6s %-8s %9s %7s %9s %8s %9s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag",
               "in a row", "cold", "burst us", "NVLink GB/s", "algo GB/s", "checked", "target");
@@ -469,7 +468,7 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
       std::printf("%-44s %9.2f us\n",
                   (std::to_string(b.bytes >> 20) + " MiB of lines to the next rank, as LL calls").c_str(), b.us);
       std::printf("%-44s %9.2f us\n",
-                  (std::to_string(b.bytes >> 20) + " MiB of lines from the next rank, as LL calls").c_str(), b.pull_us);
+                  (std::to_string(b.bytes >> 20) + " MiB pulled from the next rank, as LL calls").c_str(), b.pull_us);
     }
     std::printf("%-44s %9.2f us\n", "flag latency, one way", l.flag_latency_us);
     std::printf("%-44s %9.2f us\n", "  with relaxed stores", l.relaxed_word_latency_us);
