@@ -57,6 +57,8 @@ struct HtBufferOptions {
 };
 
 // Kernel configuration. Defaults per rank count come from the bench (bench/results/).
+// There are no chunk sizes to set: dispatch writes each row straight into its final place in the receiver's
+// buffer and combine reads each row straight from the sender's, so there are no ring buffers to size.
 struct HtConfig {
   int num_sms = 16;  // CTAs of the send kernels, at most the GPU's SMs; fewer leave more SMs to overlapping compute
 };
