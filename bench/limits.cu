@@ -54,13 +54,18 @@ __global__ void empty_kernel() {}
 // kernels::ll::store_vector.
 constexpr int kBurstItemLines = 8;
 constexpr std::size_t kBurstItemBytes = kBurstItemLines * core::kLlLineBytes;
+constexpr int kBurstItemInstructions = kBurstItemLines * core::kLlLineVectors / kernels::kWarp;  // per item, a warp's
+
+// The vector this lane stores or loads with instruction k of item i.
+__device__ int burst_vector(int i, int k) {
+  return (i * kBurstItemInstructions + k) * kernels::kWarp + int(threadIdx.x % kernels::kWarp);
+}
+
 __global__ void __launch_bounds__(512) line_burst(uint4* dst, int items) {
-  constexpr int kVectorsPerItem = kBurstItemLines * core::kLlLineVectors;
-  using kernels::kWarp;
-  const int warps_per_cta = blockDim.x / kWarp, lane = threadIdx.x % kWarp;
-  for (int i = blockIdx.x * warps_per_cta + threadIdx.x / kWarp; i < items; i += gridDim.x * warps_per_cta) {
-    for (int k = 0; k < kVectorsPerItem / kWarp; ++k) {
-      kernels::ll::store_vector(dst + i * kVectorsPerItem + k * kWarp + lane, make_uint4(i, k, lane, 0));
+  const int warps_per_cta = blockDim.x / kernels::kWarp;
+  for (int i = blockIdx.x * warps_per_cta + threadIdx.x / kernels::kWarp; i < items; i += gridDim.x * warps_per_cta) {
+    for (int k = 0; k < kBurstItemInstructions; ++k) {
+      kernels::ll::store_vector(dst + burst_vector(i, k), make_uint4(i, k, threadIdx.x % kernels::kWarp, 0));
     }
   }
 }
@@ -69,17 +74,14 @@ __global__ void __launch_bounds__(512) line_burst(uint4* dst, int items) {
 // (kernels::ll::load_vector); a warp folds what it loaded into one word, stored only if it matches `never`
 // (so that no load is dropped).
 __global__ void __launch_bounds__(512) line_pull(const uint4* src, int items, uint32_t never, uint32_t* sink) {
-  constexpr int kVectorsPerItem = kBurstItemLines * core::kLlLineVectors;
-  using kernels::kWarp;
-  const int warps_per_cta = blockDim.x / kWarp, lane = threadIdx.x % kWarp;
+  const int warps_per_cta = blockDim.x / kernels::kWarp;
   uint32_t folded = 0;
-  for (int i = blockIdx.x * warps_per_cta + threadIdx.x / kWarp; i < items; i += gridDim.x * warps_per_cta) {
-    uint4 v[kVectorsPerItem / kWarp];
+  for (int i = blockIdx.x * warps_per_cta + threadIdx.x / kernels::kWarp; i < items; i += gridDim.x * warps_per_cta) {
+    uint4 v[kBurstItemInstructions];
 #pragma unroll
-    for (int k = 0; k < kVectorsPerItem / kWarp; ++k)
-      v[k] = kernels::ll::load_vector(src + i * kVectorsPerItem + k * kWarp + lane);
+    for (int k = 0; k < kBurstItemInstructions; ++k) v[k] = kernels::ll::load_vector(src + burst_vector(i, k));
 #pragma unroll
-    for (int k = 0; k < kVectorsPerItem / kWarp; ++k) folded ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    for (int k = 0; k < kBurstItemInstructions; ++k) folded ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
   }
   if (folded == never) sink[threadIdx.x] = folded;
 }

@@ -11,7 +11,8 @@
 # than one is not to be trusted (its kernel time includes an expired wait).
 # Caches are left as the launches before left them (--cache-control none), as in the bench.
 # Defaults: the HT dispatch kernel (bench arguments --skip-ll), its 21st launch (after the bench's checks
-# and warm-up), the kernel time and two throughputs of the speed-of-light section (how many passes these take is not seen yet).
+# and warm-up), the kernel time and two throughputs of the speed-of-light section (how many passes these
+# take is not seen yet).
 # With the ten warp-state stall reasons (smsp__average_warps_issue_stalled_<reason>_per_issue_active.
 # ratio) added, ncu needed 7 passes on an H200 (2026-11-22) and no report came back: ask for them a
 # few at a time with --metrics, and believe a run only when ncu says "1 pass". A run that needs more
@@ -39,8 +40,8 @@ export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 20000)
 
 bench=("$build/bench/epx-bench" "${bench_args[@]}" --timeout-ms 20000)
 RANK=1 LOCAL_RANK=1 timeout 150 "${bench[@]}" --json "$out/profile-rank1.json" >"$out/profile-rank1.log" 2>&1 &
-RANK=0 LOCAL_RANK=0 timeout 150 ncu --clock-control none --cache-control none --replay-mode kernel -k "$kernel" --launch-skip "$skip" \
-  --launch-count 1 --metrics "$metrics" -o "$out/profile" -f \
+RANK=0 LOCAL_RANK=0 timeout 150 ncu --clock-control none --cache-control none --replay-mode kernel -k "$kernel" \
+  --launch-skip "$skip" --launch-count 1 --metrics "$metrics" -o "$out/profile" -f \
   "${bench[@]}" --json "$out/profile-rank0.json" >"$out/profile-rank0.log" 2>&1
 rc0=$?
 wait

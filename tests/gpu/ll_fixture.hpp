@@ -4,10 +4,9 @@
 // Every rank rebuilds every rank's inputs from the case seed, so it checks its own outputs against the
 // reference of the whole exchange. Dispatch results are copied back into a ref::LlRecv, brought to the
 // canonical order by ref::ll_canonicalize and compared bit for bit with the reference; the raw result
-// must already be in the order ll.hpp documents (ref::ll_in_epx_order), which
-// is also where the reference's combine finds each row of y. Only rows below recv_count are compared: rows
-// past it are not part of the contract. Outputs are poisoned before each call, so a row that is not
-// written fails.
+// must already be in the order ll.hpp documents (ref::ll_in_epx_order), which is also where the reference's
+// combine finds each row of y. Only rows below recv_count are compared: rows past it are not part of the
+// contract. Outputs are poisoned before each call, so a row that is not written fails.
 #pragma once
 
 #include <cuda_runtime_api.h>
