@@ -227,7 +227,7 @@ double per_direction_gbps(double us) { return double(kBytes) / (us * 1e-6) / 1e9
 
 }  // namespace
 
-Limits measure_limits(Team& team) {
+Limits measure_limits(Team& team, KernelClock* kernel_clock) {
   Limits limits;
   cudaStream_t stream;
   check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -262,12 +262,18 @@ Limits measure_limits(Team& team) {
   const auto empty_graph_us = [&](int kernels, const std::function<void(cudaStream_t)>& before) {
     return time_graph(stream, 5, 100, empty_kernels(kernels), before).median_us / kernels;
   };
+  // A launch's kernel time where it is timed as the LL calls are (time_graph, 5 + 100 launches).
+  const auto kernel_us = [&](const std::function<void(cudaStream_t)>& launch) {
+    return graph_kernel_time(kernel_clock, stream, 5, 100, [&] { time_graph(stream, 5, 100, launch, barrier); })
+        .median_us;
+  };
   // Ten kernels in one graph: the floor under any kernel in a stream of them (each launch overlaps the
   // kernel before it).
   limits.empty_graph_kernel_us = empty_graph_us(10, nothing);
   // One kernel per graph, after a team barrier, events around the launch: how ll_bench.cu times each LL
   // call, so the floor under each of them.
   limits.one_kernel_graph_us = empty_graph_us(1, barrier);
+  limits.one_kernel_graph_kernel_us = kernel_us(empty_kernels(1));
   // The same graph launched back to back, events around each round of launches: how ll_bench.cu times the
   // LL calls in a row by default (kLlInARowRounds rounds of LlBenchOptions::replays), so the floor under
   // that column.
@@ -328,6 +334,7 @@ Limits measure_limits(Team& team) {
         detail::check_launch("line_burst");
       };
       burst.us = time_graph(stream, 5, 100, store, barrier).median_us;
+      burst.kernel_us = kernel_us(store);
       const auto pull = [&](cudaStream_t s) {
         line_pull<<<c.sms, 512, 0, s>>>(static_cast<const uint4*>(inbox.peer(next)), items, 0x9e3779b9u,
                                         static_cast<uint32_t*>(inbox.local()));

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <string>
 
+#include "bench/kernel_clock.hpp"
 #include "bench/stamp_probe.hpp"
 #include "epx/team.hpp"
 
@@ -22,6 +23,7 @@ struct LineBurst {
   std::size_t bytes = 0;
   double us = 0;
   double pull_us = 0;
+  double kernel_us = 0;  // the stored burst's kernel time (KernelClock), as the LL rows' kernel_us; 0: not measured
 };
 
 // A kernel of the LL grid in which one thread stores a word into the next rank's memory and waits for the
@@ -49,6 +51,7 @@ struct Limits {
   double empty_graph_kernel_us = 0;         // an empty kernel replayed from a CUDA graph (ten per graph)
   double one_kernel_graph_us = 0;           // a graph of one empty kernel, timed as the LL calls are
   double one_kernel_graph_in_a_row_us = 0;  // the same graph, timed as the LL calls in a row are
+  double one_kernel_graph_kernel_us = 0;    // its kernel time (KernelClock), as the LL rows' kernel_us; 0: not measured
   double hbm_copy_gbps = 0;                 // device-to-device copy, bytes read + written
   LoadRoundTrip load_private_ns;            // a word of cudaMalloc memory
   LoadRoundTrip load_own_symmetric_ns;      // a word of this rank's symmetric memory, at the address kernels use
@@ -63,6 +66,7 @@ struct Limits {
 };
 
 // Collective over the team (one process per GPU). Ranks other than 0 return what they measured too.
-Limits measure_limits(Team& team);
+// `kernel_clock` (open_kernel_clock's; may be null): the kernel times too.
+Limits measure_limits(Team& team, KernelClock* kernel_clock);
 
 }  // namespace epx::bench

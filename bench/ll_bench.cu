@@ -13,6 +13,7 @@
 #include "bench/check.hpp"
 #include "bench/device_data.hpp"
 #include "bench/inputs.hpp"
+#include "bench/kernel_clock.hpp"
 #include "bench/other_code.cuh"
 #include "bench/phase_trace_report.hpp"
 #include "bench/team_sync.hpp"
@@ -184,9 +185,11 @@ struct Traffic {
 };
 
 // One call's timings: one launch at a time, each after a team barrier (what the bench reports); in a
-// row (GraphPair::time_in_a_row); and cold: one launch at a time after other code ran on every SM.
+// row (GraphPair::time_in_a_row); cold: one launch at a time after other code ran on every SM; and
+// kernel: the launches of the first, timed by CUPTI from the call's first kernel's start to its last
+// kernel's end (all zero where the bench cannot measure it: KernelClock).
 struct CallTiming {
-  Timing launch, in_a_row, cold;
+  Timing launch, in_a_row, cold, kernel;
 };
 
 struct Measured {
@@ -194,11 +197,15 @@ struct Measured {
   const char* dtype;
   const char* order;  // "" for dispatch alone
   RankTiming timing;
-  Timing in_a_row, cold;
+  Timing in_a_row{}, cold{}, kernel{};  // zero for the send/receive step rows
 };
 
 Measured measured(const char* op, const char* dtype, const char* order, CallTiming timing, OpBytes bytes) {
-  return Measured{op, dtype, order, RankTiming{timing.launch, bytes.nvlink, bytes.algo}, timing.in_a_row, timing.cold};
+  Measured m{op, dtype, order, RankTiming{timing.launch, bytes.nvlink, bytes.algo}};
+  m.in_a_row = timing.in_a_row;
+  m.cold = timing.cold;
+  m.kernel = timing.kernel;
+  return m;
 }
 
 // ll.hpp promises more than the reference's contract: rows already in its order (source blocks from
@@ -254,7 +261,8 @@ const char* name(LlCombineOrder order) { return order == LlCombineOrder::local ?
 
 class LlBench {
  public:
-  LlBench(Team& team, const LlBenchOptions& o)
+  // `kernel_clock`: open_kernel_clock's; time_ops measures kernel time where it is not null.
+  LlBench(Team& team, const LlBenchOptions& o, KernelClock* kernel_clock)
       : team_(team),
         o_(o),
         R_(team.size()),
@@ -269,7 +277,8 @@ class LlBench {
         out_local_(device_alloc(std::size_t(o.tokens) * o.hidden * 2)),
         out_naive_(device_alloc(std::size_t(o.tokens) * o.hidden * 2)),
         other_code_sink_(device_alloc(sizeof(uint32_t))),
-        sm_count_(device_sm_count(team.device())) {}
+        sm_count_(device_sm_count(team.device())),
+        kernel_clock_(kernel_clock) {}
 
   // Runs dispatch FP8, dispatch BF16 and combine in both orders once, then compares every output with
   // the global CPU reference. The GPU calls come first, back to back, so that the ranks reach each
@@ -375,7 +384,7 @@ class LlBench {
     Checker check(me_, "LL");
     std::vector<Measured> out;
     const auto add = [&](const char* op, const char* dtype, const char* order, const Timing& t) {
-      out.push_back(Measured{op, dtype, order, RankTiming{t, 0, 0}, {}, {}});
+      out.push_back(Measured{op, dtype, order, RankTiming{t, 0, 0}});
     };
     fp8_.poison(stream());
     const std::pair<Timing, Timing> dispatch = time_two_steps([&](cudaStream_t s) { return dispatch_sends(s); });
@@ -553,7 +562,15 @@ class LlBench {
     const auto cold = [&](cudaStream_t s) { other_code_then_barrier(s); };
     return CallTiming{graphs.time(stream(), o_.warmup, o_.replays, before),
                       graphs.time_in_a_row(stream(), kLlInARowRounds, o_.replays, before),
-                      graphs.time(stream(), o_.warmup, o_.replays, cold)};
+                      graphs.time(stream(), o_.warmup, o_.replays, cold), kernel_time(call)};
+  }
+
+  // CallTiming::kernel: the call captured again and replayed as `launch` is, each replay after a team
+  // barrier (a kernel outside the graph, left out), under graph_kernel_time.
+  Timing kernel_time(const std::function<void(cudaStream_t)>& call) {
+    return graph_kernel_time(kernel_clock_, stream(), o_.warmup, o_.replays, [&] {
+      GraphPair(stream(), call).time(stream(), o_.warmup, o_.replays, [&](cudaStream_t s) { barrier(s); });
+    });
   }
 
   void finish() {
@@ -652,6 +669,7 @@ class LlBench {
   DeviceMemory topk_idx_, weights_, x_;
   DeviceMemory other_code_sink_;  // other_code_kernel's result (never written in practice)
   int sm_count_;
+  KernelClock* kernel_clock_;
   Traffic traffic_;
   ref::LlRecv checked_fp8_;              // the reference's FP8 dispatch result for this rank
   std::vector<uint16_t> checked_local_;  // the reference's local-order combine
@@ -673,10 +691,10 @@ void validate_ll_bench_options(const LlBenchOptions& o, int ranks) {
           "replays must be >= 2, and warmup and replays even (graph replays come in pairs)");
 }
 
-LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
+LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options, KernelClock* kernel_clock) {
   validate_ll_bench_options(options, team.size());
   const auto start = std::chrono::steady_clock::now();
-  LlBench bench(team, options);
+  LlBench bench(team, options, kernel_clock);
   require_every_rank(team, bench.stream(), bench.check(), "LL outputs differ from the CPU reference");
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
   if (team.rank() == 0) {
@@ -698,13 +716,14 @@ LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
   for (const Measured& m : bench.time_steps(steps_ok)) measured.push_back(m);
   require_every_rank(team, bench.stream(), steps_ok,
                      "LL outputs of send_only calls and their receive steps differ from the CPU reference");
-  // One gather: every op's one-launch timing, then every op's in-a-row timing, then every op's cold one.
+  // One gather: every op's one-launch timing, then every op's in-a-row timing, its cold one, its kernel one.
   const std::size_t n = measured.size();
-  std::vector<RankTiming> timings(3 * n);
+  std::vector<RankTiming> timings(4 * n);
   for (std::size_t i = 0; i < n; ++i) {
     timings[i] = measured[i].timing;
     timings[n + i] = {measured[i].in_a_row};
     timings[2 * n + i] = {measured[i].cold};
+    timings[3 * n + i] = {measured[i].kernel};
   }
   const std::vector<TeamTiming> gathered = gather_timings(team, bench.stream(), timings);
   for (std::size_t i = 0; i < n; ++i) {
@@ -712,6 +731,12 @@ LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options) {
     static_cast<TeamTiming&>(row) = gathered[i];
     row.in_a_row_us = gathered[n + i].time_us;
     row.cold_us = gathered[2 * n + i].time_us;
+    // Zero on any rank (not measured there) leaves it unmeasured: the slowest rank's median is then
+    // another rank's, which would understate it.
+    const std::vector<double>& kernel = gathered[3 * n + i].median_us_per_rank;
+    if (std::all_of(kernel.begin(), kernel.end(), [](double us) { return us > 0; })) {
+      row.kernel_us = gathered[3 * n + i].time_us;
+    }
     row.op = measured[i].op;
     row.dtype = measured[i].dtype;
     row.order = measured[i].order;

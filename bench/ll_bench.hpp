@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/kernel_clock.hpp"
 #include "bench/team_timing.hpp"
 #include "epx/team.hpp"
 
@@ -42,6 +43,10 @@ struct LlBenchRow : TeamTiming {
   // run on every SM before the barrier (bench/other_code.cuh): the call's kernels fetch their code again,
   // as they do between the other kernels of a decode step.
   double cold_us = 0;
+  // The slowest rank's median of the same launches as time_us, timed from the call's first kernel's start
+  // to its last kernel's end on the GPU (CUPTI's activity records, as a profiler reports kernel time: no
+  // graph launch or event in it). 0: not measured (no CUPTI on some rank; the send/receive step rows).
+  double kernel_us = 0;
 };
 
 // Rounds of replays in a row per op (LlBenchRow::in_a_row_us).
@@ -72,6 +77,7 @@ void validate_ll_bench_options(const LlBenchOptions& options, int ranks);
 
 // Collective over the team (one process per GPU); every rank returns the same gathered result. Throws
 // (after every rank has printed what differed) when any rank's outputs differ from the reference.
-LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options);
+// `kernel_clock` (open_kernel_clock's; may be null): the kernel time of each op too.
+LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options, KernelClock* kernel_clock);
 
 }  // namespace epx::bench

@@ -246,14 +246,15 @@ void write_ht_tuning(JsonWriter& j, const HtBenchResult& ht) {
   j.end_object();
 }
 
-// What a launch of the LL grid that only stores `bytes` of lines to the peer takes, timed as the LL calls:
-// the two line bursts of the limits joined by a straight line (the link's time per byte between them,
-// extended past them); 0 where the limits have no bursts or the op moves nothing over NVLink.
-double line_burst_us(const Limits& l, double bytes) {
-  const LineBurst& a = l.line_bursts[0];
-  const LineBurst& b = l.line_bursts[1];
-  if (a.us <= 0 || b.us <= 0 || bytes <= 0) return 0;
-  return a.us + (bytes - double(a.bytes)) * (b.us - a.us) / double(b.bytes - a.bytes);
+// What a launch of the LL grid that only stores `bytes` of lines to the peer takes, timed as the LL calls
+// (`time` = &LineBurst::us) or as kernel time (&LineBurst::kernel_us): the two line bursts of the limits
+// joined by a straight line (the link's time per byte between them, extended past them); 0 where the
+// limits have no bursts or the op moves nothing over NVLink.
+double line_burst_us(const Limits& l, double bytes, double LineBurst::*time = &LineBurst::us) {
+  const double a = l.line_bursts[0].*time, b = l.line_bursts[1].*time;
+  const double a_bytes = double(l.line_bursts[0].bytes), b_bytes = double(l.line_bursts[1].bytes);
+  if (a <= 0 || b <= 0 || bytes <= 0) return 0;
+  return a + (bytes - a_bytes) * (b - a) / (b_bytes - a_bytes);
 }
 
 void write_ll_rows(JsonWriter& j, const LlBenchResult& ll, const Limits& l) {
@@ -266,27 +267,34 @@ void write_ll_rows(JsonWriter& j, const LlBenchResult& ll, const Limits& l) {
     write_timing(j, row);
     j.field("in_a_row_us", row.in_a_row_us);
     j.field("cold_us", row.cold_us);
+    j.field("kernel_us", row.kernel_us);
     j.field("line_burst_us", line_burst_us(l, row.nvlink_bytes));
+    j.field("line_burst_kernel_us", line_burst_us(l, row.nvlink_bytes, &LineBurst::kernel_us));
     j.field("replays", ll.replays)
         .field("in_a_row_rounds", kLlInARowRounds)
         .field("buffer_bytes", static_cast<long long>(ll.buffer_bytes))
         .field("message_header_bytes", ll.message_header_bytes)
-        .field("note",
-               "time_us: the slowest rank's median (slowest_rank) of `replays` CUDA-graph replays, each one call "
-               "(dispatch_combine: one of each) timed by events around its graph launch after a team barrier; two "
-               "graphs of the call alternate the buffer sets; in_a_row_us: the slowest rank's median over "
-               "`in_a_row_rounds` rounds, each "
-               "after a team barrier, of `replays` replays back to back (a round's time / replays: each launch "
-               "overlaps the kernel before, as in a stream of calls); cold_us: as time_us, with ~105 KB of other "
-               "code run on every SM before each barrier (the call fetches its code again, as between a decode "
-               "step's other kernels); ops dispatch_send / dispatch_receive and combine_send / combine_receive: the "
-               "two steps of a send_only call, each timed as time_us, the receive step after its sends and a barrier "
-               "(every peer's data there: the step's cost without waiting; no in-a-row, cold or bytes); line_burst_us: "
-               "a launch of the LL grid that only stores the op's NVLink bytes to the peer as lines, timed as "
-               "time_us (the limits' two line bursts joined by a straight line; 0 without them); no L2 flush "
-               "(latency-bound); bytes and GB/s: the "
-               "slowest rank's, per direction (NVLink: dispatch messages, payload as 128-byte lines of 112 row bytes + "
-               "message_header_bytes each, or combine rows back to the home rank as 128-byte lines of 124 row bytes)")
+        .field(
+            "note",
+            "time_us: the slowest rank's median (slowest_rank) of `replays` CUDA-graph replays, each one call "
+            "(dispatch_combine: one of each) timed by events around its graph launch after a team barrier; two "
+            "graphs of the call alternate the buffer sets; in_a_row_us: the slowest rank's median over "
+            "`in_a_row_rounds` rounds, each "
+            "after a team barrier, of `replays` replays back to back (a round's time / replays: each launch "
+            "overlaps the kernel before, as in a stream of calls); cold_us: as time_us, with ~105 KB of other "
+            "code run on every SM before each barrier (the call fetches its code again, as between a decode "
+            "step's other kernels); kernel_us: the launches of time_us timed on the GPU by CUPTI's activity records, "
+            "from the call's first kernel's start to its last kernel's end (the kernel time a profiler reports, "
+            "as DeepEP's bench does; no graph launch or event in it), the slowest rank's median; 0: not measured; "
+            "ops dispatch_send / dispatch_receive and combine_send / combine_receive: the "
+            "two steps of a send_only call, each timed as time_us, the receive step after its sends and a barrier "
+            "(every peer's data there: the step's cost without waiting; no in-a-row, cold or bytes); line_burst_us: "
+            "a launch of the LL grid that only stores the op's NVLink bytes to the peer as lines, timed as "
+            "time_us (the limits' two line bursts joined by a straight line; 0 without them); line_burst_kernel_us: "
+            "that burst's kernel time, as kernel_us; no L2 flush "
+            "(latency-bound); bytes and GB/s: the "
+            "slowest rank's, per direction (NVLink: dispatch messages, payload as 128-byte lines of 112 row bytes + "
+            "message_header_bytes each, or combine rows back to the home rank as 128-byte lines of 124 row bytes)")
         .end_object();
   }
 }
@@ -322,6 +330,7 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .field("empty_graph_kernel_us", limits.empty_graph_kernel_us)
       .field("one_kernel_graph_us", limits.one_kernel_graph_us)
       .field("one_kernel_graph_in_a_row_us", limits.one_kernel_graph_in_a_row_us)
+      .field("one_kernel_graph_kernel_us", limits.one_kernel_graph_kernel_us)
       .field("hbm_copy_gbps", limits.hbm_copy_gbps)
       .field("data_checked", limits.data_checked)
       .field("load_private_relaxed_sys_ns", limits.load_private_ns.relaxed_sys)
@@ -345,6 +354,7 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
   for (const LineBurst& b : limits.line_bursts) {
     j.field(("line_burst_" + std::to_string(b.bytes >> 20) + "_mib_us").c_str(), b.us);
     j.field(("line_pull_" + std::to_string(b.bytes >> 20) + "_mib_us").c_str(), b.pull_us);
+    j.field(("line_burst_" + std::to_string(b.bytes >> 20) + "_mib_kernel_us").c_str(), b.kernel_us);
   }
   j.field("handshake_us", limits.handshake.us)
       .field("handshake_wait_rank0_us", limits.handshake.wait_us[0])
@@ -420,18 +430,23 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
       "time: the slowest rank's median of %d graph replays (one call each, after a team barrier); in a row: one call "
       "of %d replays back to back; cold: as time, with other code run on every SM before each barrier; burst: a "
       "launch that only stores the call's NVLink bytes to the peer as lines, timed as time (from the two bursts "
-      "above); *_send and *_receive: a send_only call's two steps, each timed alone (the receive step with its data "
+      "above); kernel: the launches of time, from the call's first kernel's start to its last kernel's end on the GPU "
+      "(CUPTI), as a profiler reports kernel time; burst kernel: the burst's kernel time; *_send and *_receive: a "
+      "send_only call's two steps, each timed alone (the receive step with its data "
       "there); GB/s per rank and direction\n",
       ll.replays, ll.replays);
-  std::printf("%-16s %-6s %-8s %9s %7s %9s %8s %9s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us", "x flag",
-              "in a row", "cold", "burst us", "NVLink GB/s", "algo GB/s", "checked", "target");
+  std::printf("%-16s %-6s %-8s %9s %7s %9s %8s %9s %8s %13s %12s %10s %8s  %s\n", "op", "dtype", "order", "time us",
+              "x flag", "in a row", "cold", "burst us", "kernel", "burst kernel", "NVLink GB/s", "algo GB/s", "checked",
+              "target");
   for (const LlBenchRow& row : ll.rows) {
     const Target target = ll_target(ll.ranks, default_shape(ll), row.op, row.dtype, row.order);
-    std::printf("%-16s %-6s %-8s %9.2f %7s %9s %8s %9s %12s %10s %8s  %s\n", row.op.c_str(), row.dtype.c_str(),
+    std::printf("%-16s %-6s %-8s %9.2f %7s %9s %8s %9s %8s %13s %12s %10s %8s  %s\n", row.op.c_str(), row.dtype.c_str(),
                 row.order.empty() ? "-" : row.order.c_str(), row.time_us,
                 number_or_dash(l.flag_latency_us > 0 ? row.time_us / l.flag_latency_us : 0, "%.1f").c_str(),
                 number_or_dash(row.in_a_row_us, "%.2f").c_str(), number_or_dash(row.cold_us, "%.2f").c_str(),
                 number_or_dash(line_burst_us(l, row.nvlink_bytes), "%.2f").c_str(),
+                number_or_dash(row.kernel_us, "%.2f").c_str(),
+                number_or_dash(line_burst_us(l, row.nvlink_bytes, &LineBurst::kernel_us), "%.2f").c_str(),
                 number_or_dash(row.nvlink_gbps, "%.1f").c_str(), number_or_dash(row.algo_gbps, "%.1f").c_str(),
                 row.checked ? "yes" : "NO", target_cell(target, row).c_str());
   }
@@ -469,6 +484,8 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
                   (std::to_string(b.bytes >> 20) + " MiB of lines to the next rank, as LL calls").c_str(), b.us);
       std::printf("%-44s %9.2f us\n",
                   (std::to_string(b.bytes >> 20) + " MiB pulled from the next rank, as LL calls").c_str(), b.pull_us);
+      std::printf("%-44s %9s us\n", ("  the first's kernel time (" + std::to_string(b.bytes >> 20) + " MiB)").c_str(),
+                  number_or_dash(b.kernel_us, "%.2f").c_str());
     }
     std::printf("%-44s %9.2f us\n", "flag latency, one way", l.flag_latency_us);
     std::printf("%-44s %9.2f us\n", "  with relaxed stores", l.relaxed_word_latency_us);
@@ -494,6 +511,7 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
   std::printf("%-44s %9.2f us\n", "empty kernel from a CUDA graph", l.empty_graph_kernel_us);
   std::printf("%-44s %9.2f us\n", "graph of one empty kernel, timed as LL calls", l.one_kernel_graph_us);
   std::printf("%-44s %9.2f us\n", "the same, timed as LL calls in a row", l.one_kernel_graph_in_a_row_us);
+  std::printf("%-44s %9s us\n", "  its kernel time", number_or_dash(l.one_kernel_graph_kernel_us, "%.2f").c_str());
   std::printf("%-44s %9.1f GB/s\n", "HBM device-to-device copy (read + write)", l.hbm_copy_gbps);
   if (ht != nullptr) {
     print_ht_table(*ht);
@@ -525,11 +543,16 @@ int run(int argc, char** argv) {
   // Options out of range are refused before anything is measured.
   if (!args.skip_ht) validate_ht_bench_options(args.ht);
   if (!args.skip_ll) validate_ll_bench_options(args.ll, team->size());
-  const Limits limits = measure_limits(*team);
+  std::string no_kernel_clock;
+  const std::unique_ptr<KernelClock> kernel_clock = open_kernel_clock(*team, no_kernel_clock);
+  if (kernel_clock == nullptr && team->rank() == 0) {
+    std::printf("epx-bench: no kernel time (%s)\n", no_kernel_clock.c_str());
+  }
+  const Limits limits = measure_limits(*team, kernel_clock.get());
   std::optional<HtBenchResult> ht;
   if (!args.skip_ht) ht = run_ht_bench(*team, args.ht);
   std::optional<LlBenchResult> ll;
-  if (!args.skip_ll) ll = run_ll_bench(*team, args.ll);
+  if (!args.skip_ll) ll = run_ll_bench(*team, args.ll, kernel_clock.get());
   if (team->rank() == 0) {
     print_table(team->size(), limits, ht ? &*ht : nullptr, ll ? &*ll : nullptr);
     write_json(args, team->size(), limits, ht ? &*ht : nullptr, ll ? &*ll : nullptr);
