@@ -107,9 +107,11 @@ class GraphPair {
   Timing time_in_a_row(cudaStream_t stream, int rounds, int replays,
                        const std::function<void(cudaStream_t)>& before) const {
     if (replays % 2 != 0) throw std::logic_error("LL bench: graph replays must come in pairs");
-    return bench::time_in_a_row(stream, rounds, replays, before,
-                                [&](cudaStream_t s, int i) { launch_graph(i % 2 == 0 ? a_ : b_, s); });
+    return bench::time_in_a_row(stream, rounds, replays, before, [&](cudaStream_t s, int i) { launch(s, i); });
   }
+
+  // Replay i of a sequence that starts with A.
+  void launch(cudaStream_t stream, int i) const { launch_graph(i % 2 == 0 ? a_ : b_, stream); }
 
  private:
   GraphExec a_, b_;
@@ -409,13 +411,20 @@ class LlBench {
   }
 
   // --trace: the phase traces (print_phase_trace) of dispatch FP8 and BF16, and of combine (local
-  // order) on the handle of one dispatch made here; each call after a team barrier.
+  // order) on the handle of one dispatch made here; each call a graph replay after a team barrier, as
+  // they are timed (GraphPair: an even number of calls keeps the buffer's set alternation).
   void trace_calls() {
-    for (const bool fp8 : {true, false}) {
+    const auto trace_graphs = [&](const char* name, transport::TracePoint first,
+                                  const std::function<void(cudaStream_t)>& call) {
+      const GraphPair graphs(stream(), call);
+      int replay = 0;
       print_phase_trace(
-          team_, stream(), fp8 ? "ll_dispatch_fp8" : "ll_dispatch_bf16", transport::TracePoint::ll_dispatch_start,
-          [&] { enqueue_team_barrier(team_, stream()); },
-          [&] { buffer_.dispatch(dispatch_args(fp8), Streams{stream()}); });
+          team_, stream(), name, first, [&] { enqueue_team_barrier(team_, stream()); },
+          [&] { graphs.launch(stream(), replay++); });
+    };
+    for (const bool fp8 : {true, false}) {
+      trace_graphs(fp8 ? "ll_dispatch_fp8" : "ll_dispatch_bf16", transport::TracePoint::ll_dispatch_start,
+                   dispatch_call(fp8));
     }
     // Dispatch FP8's receive step alone, every peer's data there: its sends (send_only), a team barrier,
     // the trace reset, then the step.
@@ -431,10 +440,8 @@ class LlBench {
     // Combine (local order) with the weights given to dispatch, then to combine.
     for (const bool weights_given : {false, true}) {
       const LlHandle handle = buffer_.dispatch(dispatch_args(false, !weights_given), Streams{stream()}).handle;
-      print_phase_trace(
-          team_, stream(), weights_given ? "ll_combine_local_cw" : "ll_combine_local",
-          transport::TracePoint::ll_combine_start, [&] { enqueue_team_barrier(team_, stream()); },
-          [&] { buffer_.combine(combine_args(LlCombineOrder::local, handle), Streams{stream()}); });
+      trace_graphs(weights_given ? "ll_combine_local_cw" : "ll_combine_local", transport::TracePoint::ll_combine_start,
+                   combine_call(LlCombineOrder::local, handle));
     }
   }
 

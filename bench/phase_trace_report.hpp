@@ -1,6 +1,6 @@
-// --trace (a build with -DEPX_PHASE_TRACE=ON): one op called eagerly several times, each call's phase
-// stamps (src/transport/device/phase_trace.hpp) read back, and per rank, with the median over the calls
-// of each value, in us from the call's first stamp:
+// --trace (a build with -DEPX_PHASE_TRACE=ON): one op called several times, each call's phase stamps
+// (src/transport/device/phase_trace.hpp) read back, and per rank, with the median over the calls of each
+// value, in us from the call's first stamp:
 //   * trace: point=LAST[P50/P90] for each point reached, LAST the last warp to reach it (the first, for a
 //     start) and P50 / P90 the median and 90th percentile over the warps that reached it;
 //   * late warps: for each point but a start, the kLateWarps warps with the latest stamp of it, as
@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/team_sync.hpp"
 #include "bench/timing.hpp"
 #include "core/cuda_check.hpp"
 #include "epx/team.hpp"
@@ -77,10 +78,14 @@ inline CallStamps call_stamps(const std::vector<uint64_t>& words, double cycles_
 }
 
 // `before` enqueues what precedes every call untimed (HT: the L2 flush and the team barrier; LL: the
-// barrier), `call` the op; both on `stream`, which is synchronised after each call.
+// barrier), `call` the op; both on `stream`, which is synchronised after each call. Both are enqueued
+// behind a hold of kTraceHoldUs (enqueue_hold), so that where `call` enqueues without waiting for the host
+// (a graph launch), the ranks' kernels start as close together after the barrier as the timed calls'
+// do: enqueued after the barrier had already ended, a rank's call started microseconds late.
 inline void print_phase_trace(Team& team, cudaStream_t stream, const std::string& name, transport::TracePoint first,
                               const std::function<void()>& before, const std::function<void()>& call) {
-  constexpr int kTraceCalls = 21, kLateWarps = 3, kChainWarps = 2;
+  constexpr int kTraceCalls = 22, kLateWarps = 3, kChainWarps = 2;  // even: see LlBench::trace_calls
+  constexpr double kTraceHoldUs = 100;
   constexpr int P = transport::kTracePoints, W = transport::kTraceWarps;
   int clock_khz = 0;
   detail::check_cuda(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, team.device()),
@@ -90,6 +95,7 @@ inline void print_phase_trace(Team& team, cudaStream_t stream, const std::string
   std::vector<std::vector<std::vector<double>>> by_warp(P, std::vector<std::vector<double>>(W));  // per call
   for (int i = 0; i < kTraceCalls; ++i) {
     team.impl().reset_trace(stream);
+    enqueue_hold(stream, kTraceHoldUs);
     before();
     call();
     detail::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

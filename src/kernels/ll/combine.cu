@@ -436,6 +436,7 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
       }
     }
   }
+  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_lines>(v.team);
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     if (col[j] >= p.hidden) continue;

@@ -208,6 +208,7 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
                               transport::WaitSite{transport::WaitPhase::ll_dispatch_recv, s, uint32_t(t)});
     if (got == PeerWait::failed) return false;
     if (got == PeerWait::masked) return true;  // s got masked: its rows stay unwritten
+    if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_lines>(v.team);
     const BatchTargets<kFp8> targets(p, base, batch_end, lines);
     for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
       const int slot = __ffs(rest) - 1;

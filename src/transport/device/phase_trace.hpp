@@ -45,6 +45,7 @@ enum class TracePoint : int {
   ll_dispatch_manifest,     // every receive item's wait for its manifest word (and header, if its message came) is over
   ll_dispatch_header,       // every receive item of a message that came has its header (the same wait)
   ll_dispatch_routed,       // every receive item has its message's routing (manifest, header, counts)
+  ll_dispatch_lines,        // every receive item has its part's payload lines (before it copies them)
   ll_dispatch_received,     // every receive item has stored its payload
   ll_dispatch_outputs,      // the last CTA has written the per-expert outputs
   ll_dispatch_end,          // every CTA is done (the last one after recording the call as freed)
@@ -53,6 +54,7 @@ enum class TracePoint : int {
   ll_combine_free,          // every warp with a message to send has seen the set freed by every peer (its first check)
   ll_combine_reduced,       // every send item has its y rows loaded and reduced (local order), before its stores
   ll_combine_sent,          // every warp with a send item has issued its stores
+  ll_combine_lines,         // every receive item has its rows' lines and their sums (before it writes them)
   ll_combine_received,      // every warp has written its output columns (its rows' lines all came)
   ll_combine_end,           // every CTA is done (the last one after recording the call as freed)
   count
@@ -97,6 +99,7 @@ inline constexpr TracePointInfo kTracePointInfo[] = {
     {"ll_manifest", false},
     {"ll_header", false},
     {"ll_routed", false},
+    {"ll_lines", false},
     {"ll_received", false},
     {"ll_outputs", false},
     {"ll_end", false},
@@ -105,6 +108,7 @@ inline constexpr TracePointInfo kTracePointInfo[] = {
     {"llc_free", false},
     {"llc_reduced", false},
     {"llc_sent", false},
+    {"llc_lines", false},
     {"llc_received", false},
     {"llc_end", false},
 };
