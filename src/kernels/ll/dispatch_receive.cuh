@@ -258,21 +258,26 @@ __device__ void receive(const DispatchParams& p, uint64_t seq, bool* masked) {
     ok = __syncthreads_and(ok);  // warp-uniform again: the work items use warp collectives
     if (threadIdx.x == 0) transport::trace<transport::TracePoint::ll_dispatch_outputs>(v.team);
   }
-  // Work items: (message, part), p.by_receive_parts.d parts per message (receive_parts), dealt over the
-  // CTAs first: item i to CTA i % grid, from its last warp down (the send step's items fill the CTAs from
-  // their first warps). A part's copy into its rows is a few dozen instructions a row for every warp, so it
-  // goes at the pace of its SM's issue slots: dealt to the CTAs in turn (16 items a CTA, on half the SMs at
-  // T = 128, EP = 1), the dispatch FP8 took 0.8 us longer and its receive step alone 1.1 us (2026-11-29).
-  // With several ranks it also gives every SM messages of every source (the peers' land last); at EP = 2,
-  // ~16 items a CTA either way, no change was seen. The last CTA's items wait behind the per-expert outputs
-  // above.
+  // Work items: (message, part), p.by_receive_parts.d parts per message (receive_parts), my own messages
+  // first (message m from source (me + m / T) % R). In a launch with the sends, the CTAs none of whose
+  // warps has a send item ([idle, grid): first_idle_cta) take the first items, so my own messages go to
+  // SMs that store nothing over NVLink: their lines, headers and counts are written early (the peers'
+  // counts first of all), while on an SM that stores over NVLink every load waits behind those stores
+  // until they drain at the link's pace, ~6.5 us in at T = 128 (FP8), when the peers' lines land anyway
+  // (phase trace, 2026-11-29: own messages on such SMs ended the call). Within each class of CTAs ([idle,
+  // grid), then [0, idle)) items are dealt over the CTAs first, from their last warps down (the send step's
+  // items fill the CTAs from their first warps): a part's copy into its rows goes at the pace of its SM's
+  // issue slots, so 16 items a CTA on half the SMs cost the dispatch FP8 0.8 us at EP = 1 (2026-11-29). The
+  // last CTA's items wait behind the per-expert outputs above.
   const int messages = R * v.max_tokens, parts = int(p.by_receive_parts.d);
-  const int warps = gridDim.x * kWarps, warp = int(threadIdx.x / kWarp);
-  for (int item = int(blockIdx.x) + (kWarps - 1 - warp) * int(gridDim.x); ok && item < messages * parts;
-       item += warps) {
+  const int grid = int(gridDim.x), warps = grid * kWarps, warp = int(threadIdx.x / kWarp), cta = int(blockIdx.x);
+  const int idle = p.phases & kSend ? first_idle_cta(send_work(p), kWarps) : 0, idle_ctas = grid - idle;
+  const int first = cta >= idle ? (kWarps - 1 - warp) * idle_ctas + cta - idle
+                                : kWarps * idle_ctas + (kWarps - 1 - warp) * idle + cta;
+  for (int item = first; ok && item < messages * parts; item += warps) {
     const auto [message, part] = p.by_receive_parts.split(uint32_t(item));
-    const int s = int(v.by_max_tokens.quotient(message));
-    ok = receive_message<kFp8>(p, masked, stamp, s, int(message) - s * v.max_tokens, int(part));
+    const int k = int(v.by_max_tokens.quotient(message)), s = me + k < R ? me + k : me + k - R;
+    ok = receive_message<kFp8>(p, masked, stamp, s, int(message) - k * v.max_tokens, int(part));
     if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_dispatch_received>(v.team);
   }
   record.record_if_last(v, p.set, seq);

@@ -391,7 +391,7 @@ __device__ uint64_t send(const DispatchParams& p, bool* masked) {
   // send item: and cast) before the table is staged, with the peers' freed flags; a first send item's
   // row loads go out before anything else the kernel loads (its sequence number included): after the
   // ~330 instructions of start-up they went out ~1.1 us in (phase trace at EP=1, 2026-11-29).
-  const int per_row = int(p.by_row_items.d), routing = p.num_tokens, work = routing + p.num_tokens * per_row;
+  const int routing = p.num_tokens, work = send_work(p);
   const int warps = gridDim.x * kWarps, first = first_work_item(work, int(blockIdx.x), 0, kWarps);
   const bool first_sends = first >= routing && first < work;
   const auto [first_t, first_g] = p.by_row_items.split(uint32_t(max(first - routing, 0)));

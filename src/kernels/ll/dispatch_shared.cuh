@@ -39,6 +39,9 @@ __device__ int row_lines(const DispatchParams& p) {
   return core::ll_row_lines(row_bytes<kFp8>(p));
 }
 
+// The send step's work items (send): a routing item per token, then its row's send items.
+__device__ inline int send_work(const DispatchParams& p) { return p.num_tokens * (1 + int(p.by_row_items.d)); }
+
 // The order of the source ranks' blocks in each local expert's packed rows on receiver `me` (ll.hpp): me + 1,
 // me + 2, ..., wrapping, me last. A message's row needs the counts of the sources before its own, and a
 // rank's own messages are there long before its peers': so the peers' blocks come first, and at EP = 2 a

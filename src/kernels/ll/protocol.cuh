@@ -141,6 +141,13 @@ __device__ __forceinline__ int first_work_item(int items, int cta, int lone_warp
   return cta * warps_per_cta + warp;
 }
 
+// The first CTA of the grid none of whose warps takes one of `items` work items dealt by first_work_item
+// counting the CTAs from the grid's start; gridDim.x where every CTA takes some.
+__device__ __forceinline__ int first_idle_cta(int items, int warps_per_cta) {
+  if (items <= int(gridDim.x)) return items;
+  return min((items + warps_per_cta - 1) / warps_per_cta, int(gridDim.x));
+}
+
 // A warp moves lines in line instructions of 4 lines: lane i holds vector i % 8 of line 4 k + i / 8 of
 // instruction k (vector 7 is the stamp vector, its first word the stamp), so one store instruction
 // writes 4 whole lines. Both kernels' line work items (dispatch's send items, combine's items) are 8
