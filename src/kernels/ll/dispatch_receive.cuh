@@ -127,44 +127,64 @@ __device__ MessageRows message_rows(const DispatchParams& p, const bool* masked,
   return m;
 }
 
-// Where this lane's vectors of a batch of line instructions (base .. batch_end - 1) go in a packed output
-// row, worked out once per batch for every row the message expands to (the copy then costs each row a
-// few predicated stores: a warp runs its instructions one after another, so per-row work adds up). A
-// data vector: its byte in the row (-1: past the row, or no line). FP8, a stamp vector, whose word 1 is
-// the scale of group 7 i + j of line 8 i + j (j < 7): its byte in the row's scales output (-1: none),
-// and what goes there (UE8M0: the exponent byte, in byte group % 4 of word group / 4).
+// Where this lane's vectors of a batch of line instructions (base .. batch_end - 1), loaded into x, go in a
+// packed output row, worked out once per batch for every row the message expands to (the copy then costs
+// each row a few predicated stores: a warp runs its instructions one after another, so per-row work adds
+// up). A data vector: which of the batch's instructions give this lane one to store (`data`), and its byte
+// in the row for instruction `base` (line_byte; each instruction's lines are kInstructionVectors vectors
+// further, so the stores take their offsets as constants). FP8: the stamp vector of line 8 i + j carries
+// the scale of group 7 i + j in its word 1 (j < 7); lane l < 4 kLineBatch takes the scale of the batch's
+// line l (instruction base + l / 4, the stamp lane 8 (l % 4) + 7), so a row's scales go out in one store:
+// its byte in the row's scales output (-1: none) and what goes there (UE8M0: the exponent byte, in byte
+// group % 4 of word group / 4).
 template <bool kFp8>
 struct BatchTargets {
-  int32_t data_at[kLineBatch];
-  int64_t scale_at[kLineBatch];
+  static constexpr int kInstructionVectors = kLinesPerInstruction * kDataVectors;  // a row's 16-byte vectors
+  static_assert(kDataVectors * sizeof(uint4) == core::kLlLineDataBytes, "line_byte: a line's data bytes");
+  static_assert(kLinesPerInstruction * kLineBatch <= kWarp, "a lane for each line's scale");
+  int32_t first_byte;
+  uint32_t data;  // bit b: instruction base + b has a data vector of the row for this lane
+  int64_t scale_at;
+  uint32_t scale;
 
-  __device__ BatchTargets(const DispatchParams& p, int base, int batch_end, int lines) {
-    const int vector = line_vector(), bytes = row_bytes<kFp8>(p), groups = p.hidden / kGroup;
-    const int64_t col_bytes = p.scales_layout.col_stride * int64_t(sizeof(uint32_t));
+  __device__ BatchTargets(const DispatchParams& p, int base, int batch_end, int lines, const uint4 (&x)[kLineBatch]) {
+    const int vector = line_vector(), lane = threadIdx.x % kWarp, bytes = row_bytes<kFp8>(p);
+    first_byte = line_byte(instruction_line(base));
+    data = 0u;
 #pragma unroll
     for (int b = 0; b < kLineBatch; ++b) {
-      const int line = instruction_line(base + b);
       const bool wanted = instruction_has_line(base + b, batch_end, lines);
-      const int byte = line_byte(line);
-      data_at[b] = wanted && vector < kDataVectors && byte < bytes ? byte : -1;
-      const int k = line % kLinesPerItem, group = kItemGroups * (line / kLinesPerItem) + k;
-      const bool scale = kFp8 && wanted && vector == kDataVectors && k < kItemGroups && group < groups;
-      scale_at[b] = !scale ? -1 : p.ue8m0 ? (group / 4) * col_bytes + group % 4 : group * col_bytes;
+      data |= uint32_t(wanted && vector < kDataVectors && line_byte(instruction_line(base + b)) < bytes) << b;
+    }
+    scale_at = -1;
+    scale = 0u;
+    if (!kFp8) return;
+    const int b = lane / kLinesPerInstruction, line = kLinesPerInstruction * base + lane;
+    const int k = line % kLinesPerItem, group = kItemGroups * (line / kLinesPerItem) + k;
+#pragma unroll
+    for (int i = 0; i < kLineBatch; ++i) {
+      const uint32_t word =
+          __shfl_sync(~0u, x[i].y, core::kLlLineVectors * (lane % kLinesPerInstruction) + kDataVectors);
+      if (i == b) scale = word;
+    }
+    if (b < kLineBatch && base + b < batch_end && line < lines && k < kItemGroups && group < p.hidden / kGroup) {
+      const int64_t col_bytes = p.scales_layout.col_stride * int64_t(sizeof(uint32_t));
+      scale_at = p.ue8m0 ? (group / 4) * col_bytes + group % 4 : group * col_bytes;
     }
   }
 
   // This lane's vectors x into packed row `row`, whose scales output starts at `scales` (FP8).
   __device__ void store(const DispatchParams& p, int32_t row, uint8_t* scales, const uint4 (&x)[kLineBatch]) const {
-    char* out = static_cast<char*>(p.out_x) + int64_t(row) * row_bytes<kFp8>(p);
+    uint4* at = reinterpret_cast<uint4*>(static_cast<char*>(p.out_x) + int64_t(row) * row_bytes<kFp8>(p) + first_byte);
 #pragma unroll
     for (int b = 0; b < kLineBatch; ++b) {
-      if (data_at[b] >= 0) *reinterpret_cast<uint4*>(out + data_at[b]) = x[b];
-      if (!kFp8 || scale_at[b] < 0) continue;
-      if (p.ue8m0) {
-        scales[scale_at[b]] = uint8_t(x[b].y >> 23);
-      } else {
-        *reinterpret_cast<uint32_t*>(scales + scale_at[b]) = x[b].y;
-      }
+      if ((data >> b) & 1u) at[b * kInstructionVectors] = x[b];
+    }
+    if (!kFp8 || scale_at < 0) return;
+    if (p.ue8m0) {
+      scales[scale_at] = uint8_t(scale >> 23);
+    } else {
+      *reinterpret_cast<uint32_t*>(scales + scale_at) = scale;
     }
   }
 };
@@ -209,7 +229,7 @@ __device__ bool receive_message(const DispatchParams& p, const bool* masked, uin
     if (got == PeerWait::failed) return false;
     if (got == PeerWait::masked) return true;  // s got masked: its rows stay unwritten
     if (lane == 0) transport::trace<transport::TracePoint::ll_dispatch_lines>(v.team);
-    const BatchTargets<kFp8> targets(p, base, batch_end, lines);
+    const BatchTargets<kFp8> targets(p, base, batch_end, lines, x);
     for (uint32_t rest = m.unique_slots; rest != 0u; rest &= rest - 1u) {
       const int slot = __ffs(rest) - 1;
       uint8_t* scales = nullptr;
