@@ -34,7 +34,7 @@ struct KernelRecord {
 };
 
 // CUPTI calls its buffer callbacks as plain functions, so the records go to this one place (open()
-// allows one KernelClock at a time).
+// succeeds once per process).
 std::mutex records_mutex;
 std::vector<KernelRecord> records;
 using NextRecord = CUptiResult (*)(uint8_t*, size_t, CUpti_Activity**);

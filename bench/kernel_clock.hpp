@@ -18,7 +18,8 @@ namespace epx::bench {
 
 class KernelClock {
  public:
-  // CUPTI loaded and ready, or nullptr with `why_not` saying what is missing. One at a time per process.
+  // CUPTI loaded and ready, or nullptr with `why_not` saying what is missing. It opens once per process
+  // (CUPTI takes one set of buffer callbacks).
   static std::unique_ptr<KernelClock> open(std::string& why_not);
   ~KernelClock();
   KernelClock(const KernelClock&) = delete;
