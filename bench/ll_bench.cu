@@ -95,11 +95,8 @@ class GraphPair {
   // Events around each replay (one graph launch each), every replay after `before`; the median etc.
   Timing time(cudaStream_t stream, int warmup, int replays, const std::function<void(cudaStream_t)>& before) const {
     if ((warmup + replays) % 2 != 0) throw std::logic_error("LL bench: graph replays must come in pairs");
-    bool second = false;
-    return time_on_stream(stream, warmup, replays, before, [&](cudaStream_t s) {
-      launch_graph(second ? b_ : a_, s);
-      second = !second;
-    });
+    int replay = 0;
+    return time_on_stream(stream, warmup, replays, before, [&](cudaStream_t s) { launch(s, replay++); });
   }
 
   // `rounds` rounds, each after `before`: events around `replays` launches in a row (A, B, A, ...);
@@ -572,12 +569,10 @@ class LlBench {
                       graphs.time(stream(), o_.warmup, o_.replays, cold), kernel_time(call)};
   }
 
-  // CallTiming::kernel: the call captured again and replayed as `launch` is, each replay after a team
-  // barrier (a kernel outside the graph, left out), under graph_kernel_time.
+  // CallTiming::kernel: the call captured again and replayed as `launch` is (time_launch: each replay
+  // after a team barrier, a kernel outside the graph, left out), under graph_kernel_time.
   Timing kernel_time(const std::function<void(cudaStream_t)>& call) {
-    return graph_kernel_time(kernel_clock_, stream(), o_.warmup, o_.replays, [&] {
-      GraphPair(stream(), call).time(stream(), o_.warmup, o_.replays, [&](cudaStream_t s) { barrier(s); });
-    });
+    return graph_kernel_time(kernel_clock_, stream(), o_.warmup, o_.replays, [&] { time_launch(call); });
   }
 
   void finish() {

@@ -13,15 +13,9 @@ constexpr int kThreads = 128;
 
 __global__ void barrier_kernel(transport::TeamView team) { transport::team_barrier(team, kBenchBarrierSlot); }
 
-__device__ uint64_t global_ns() {
-  uint64_t ns;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  return ns;
-}
-
 __global__ void hold_kernel(uint64_t ns) {
-  const uint64_t until = global_ns() + ns;
-  while (global_ns() < until) __nanosleep(1000);
+  const uint64_t until = transport::global_timer_ns() + ns;
+  while (transport::global_timer_ns() < until) __nanosleep(1000);
 }
 
 // `table` holds [R][n] doubles, then this rank's own n values (staged by the host). Every thread copies
