@@ -90,6 +90,18 @@ inline constexpr int ll_combine_line_col(int hidden, int lines, int line, int ve
   const int col = vector == kLlLineVectors - 1 ? tail : head;
   return line >= lines ? hidden : (col > hidden ? hidden : col);
 }
+// A combine kernel holds a line instruction's columns (4 lines: 4 k .. 4 k + 3, the lane 8 m + v holding vector v
+// of line 4 k + m) in the row form: whole 16-byte vectors of the row on every lane. Lane 8 m + v (v < 7) holds
+// data vector v of line 4 k + m; lanes 7, 15 and 23 (m < 3) hold the m-th aligned vector of the 48 rest bytes that
+// the instruction's 4 stamp vectors carry (words 1-3 of each, in line order: bytes [112 L + 48 k, +48)); lane 31
+// none. The first BF16 column of lane 8 m + v's vector of instruction k (`hidden` where it holds none). The rest
+// of a row is a multiple of 16 bytes (2 H and 112 L are), so each vector lies whole inside the row or past it.
+inline constexpr int ll_combine_row_form_col(int hidden, int lines, int instruction, int lane) {
+  const int m = lane / kLlLineVectors, vector = lane % kLlLineVectors;
+  if (vector < kLlLineVectors - 1) return ll_combine_line_col(hidden, lines, 4 * instruction + m, vector);
+  const int col = kLlLineDataBytes / 2 * lines + 24 * instruction + 8 * m;
+  return m == 3 || col > hidden ? hidden : col;
+}
 // A manifest's words (a bit per token, 32 a word) for T_max tokens.
 inline constexpr int ll_manifest_words(int max_tokens) { return (max_tokens + 31) / 32; }
 // The bytes of a dispatch payload of `hidden` BF16 columns as lines (an FP8 row, with its scales in the

@@ -164,6 +164,27 @@ TEST(LlAreas, CombineLinesCarryEveryColumnOnce) {
   }
 }
 
+// The combine kernel's row form (core::ll_combine_row_form_col): every column of every hidden the buffer takes,
+// once, in whole 16-byte vectors inside the row, over the line instructions the row's lines take.
+TEST(LlAreas, CombineRowFormHoldsEveryColumnOnce) {
+  for (int hidden = 128; hidden <= core::kLlMaxHidden; hidden += 128) {
+    const int lines = core::ll_combine_row_lines(2 * hidden);
+    const int instructions = (lines + 3) / 4;
+    std::vector<int> held(std::size_t(hidden), 0);
+    for (int k = 0; k < instructions + 2; ++k) {  // past the last instruction too: those hold nothing
+      for (int lane = 0; lane < 32; ++lane) {
+        const int col = core::ll_combine_row_form_col(hidden, lines, k, lane);
+        if (col == hidden) continue;
+        ASSERT_LT(k, instructions) << "hidden " << hidden;
+        ASSERT_EQ(col % 8, 0) << "hidden " << hidden << ", instruction " << k << ", lane " << lane;
+        ASSERT_LE(col + 8, hidden) << "hidden " << hidden << ", instruction " << k << ", lane " << lane;
+        for (int c = col; c < col + 8; ++c) ++held[std::size_t(c)];
+      }
+    }
+    for (int c = 0; c < hidden; ++c) ASSERT_EQ(held[std::size_t(c)], 1) << "hidden " << hidden << ", column " << c;
+  }
+}
+
 TEST(LlAreas, TheDeepSeekShapeOnTwoRanksStaysUnderSixtyFourMegabytes) {
   // The LL issue's memory target: at most 64 MB per rank for T_max 128, H 7168, top-8 of 256 on 2 ranks.
   // Two sets of 256 messages of 16384 + 272 bytes (8.5 MB) and of 8 x 128 combine rows of 116 lines (30.4 MB).

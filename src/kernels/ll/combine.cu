@@ -62,34 +62,68 @@ using core::LlHomeToken;
 __device__ int row_lines(const CombineParams& p) { return core::ll_combine_row_lines(2 * p.hidden); }
 __device__ int row_items(const CombineParams& p) { return int(p.by_row_items.d); }
 
-// Where this lane's values of a line sit in the row (core::ll_combine_row_lines): a data vector holds 8
-// columns of the head, a stamp vector's words 1-3 hold 6 columns of the rest (tail lanes: 8 m + 7). A
-// lane holds them in a uint4 as 8 columns, a tail lane's 6 in words 0-2 (word 3 zero): the "row form".
+// A lane holds its values of an item's two line instructions in the row form (core::ll_combine_row_form_col):
+// 8 columns as a 16-byte vector of the row each, so that every lane loads, adds and stores whole vectors of
+// y and out with one instruction each. A data lane's vector is its line vector. The tail lanes (8 m + 7, the
+// stamp vectors' lanes) hold the instruction's 48 rest bytes as three aligned vectors (m < 3; lane 31 none),
+// and trade words with shuffles to and from the lines' form once per item and row sent or received
+// (to_line_form, from_line_form). Until 2026-11-30 a tail lane held its line's 12 rest bytes and loaded y's and
+// stored out's with three 4-byte instructions, which the warp issued beside the data lanes' vector ones.
 __device__ bool tail_lane() { return line_vector() == kDataVectors; }
 
-// This lane's first column in each line of item g (p.hidden where the line holds none for it).
+// This lane's first column in the row form of each line instruction of item g (p.hidden where it holds none).
 __device__ void item_cols(const CombineParams& p, int g, int (&col)[2]) {
 #pragma unroll
   for (int j = 0; j < 2; ++j)
-    col[j] = core::ll_combine_line_col(p.hidden, row_lines(p), item_line(g, j), line_vector());
+    col[j] = core::ll_combine_row_form_col(p.hidden, row_lines(p), 2 * g + j, int(threadIdx.x % kWarp));
 }
 
-// A line vector as it arrived, in the row form (a tail lane's words 1-3 moved to 0-2).
-__device__ uint4 row_form(const uint4& line_vector) {
-  return tail_lane() ? make_uint4(line_vector.y, line_vector.z, line_vector.w, 0u) : line_vector;
+// The whole warp: its share of a line instruction's stamp vectors from the row form `x` (tail lane m's words
+// 1-3 are rest words 3 m .. 3 m + 2 of the instruction, which tail lanes 8 q + 7 hold as words 4 q .. 4 q + 3),
+// the stamp in word 0; a data lane's vector as it is.
+__device__ uint4 to_line_form(const uint4& x, uint32_t stamp) {
+  const int m = int(threadIdx.x % kWarp) / core::kLlLineVectors;
+  const int q = 3 * m / 4, s = 3 * m % 4;  // tail lane m's first word: word s of the lane 8 q + 7's vector
+  const int from = q * core::kLlLineVectors + kDataVectors;
+  uint32_t w[6];  // words s .. s + 2 of the two vectors from lane `from` on (s + 2 <= 5)
+  w[0] = __shfl_sync(~0u, x.x, from);
+  w[1] = __shfl_sync(~0u, x.y, from);
+  w[2] = __shfl_sync(~0u, x.z, from);
+  w[3] = __shfl_sync(~0u, x.w, from);
+  w[4] = __shfl_sync(~0u, x.x, from + core::kLlLineVectors);
+  w[5] = __shfl_sync(~0u, x.y, from + core::kLlLineVectors);
+  const auto pick = [&](int i) { return s == 0 ? w[i] : s == 1 ? w[i + 1] : s == 2 ? w[i + 2] : w[i + 3]; };
+  return tail_lane() ? make_uint4(stamp, pick(0), pick(1), pick(2)) : x;
+}
+
+// The whole warp: the row form of a line instruction as it arrived, `x` (to_line_form's inverse; lane 31
+// gets zeros).
+__device__ uint4 from_line_form(const uint4& x) {
+  const int q = int(threadIdx.x % kWarp) / core::kLlLineVectors;  // the vector's rest words 4 q .. 4 q + 3 start
+  const int from = q * core::kLlLineVectors + kDataVectors;       // at word q of the line lane 8 q + 7 carries
+  uint32_t w[6];  // words 1-3 of the stamp vectors of lanes `from` and `from` + 8 (lane 31's for q = 3: unused)
+  const int next = min(from + core::kLlLineVectors, kWarp - 1);
+  w[0] = __shfl_sync(~0u, x.y, from);
+  w[1] = __shfl_sync(~0u, x.z, from);
+  w[2] = __shfl_sync(~0u, x.w, from);
+  w[3] = __shfl_sync(~0u, x.y, next);
+  w[4] = __shfl_sync(~0u, x.z, next);
+  w[5] = __shfl_sync(~0u, x.w, next);
+  const auto pick = [&](int i) { return q == 0 ? w[i] : q == 1 ? w[i + 1] : w[i + 2]; };
+  if (!tail_lane()) return x;
+  return q < 3 ? make_uint4(pick(0), pick(1), pick(2), pick(3)) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 // This lane's share of item g of `row` (`col` as item_cols gives it, `data` in the row form): a data
 // vector (zeros past the row), or on tail lanes the stamp vector (its words past the row hold what the
-// lane's sums hold there, zeros unless a weight is not finite; no one reads them).
+// lanes' sums hold there, zeros unless a weight is not finite; no one reads them). The whole warp.
 __device__ void store_item(const CombineParams& p, uint4* row, uint32_t stamp, int g, const int (&col)[2],
                            const uint4 (&data)[2]) {
   uint4 x[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    x[j] = tail_lane()         ? make_uint4(stamp, data[j].x, data[j].y, data[j].z)
-           : col[j] < p.hidden ? data[j]
-                               : make_uint4(0u, 0u, 0u, 0u);
+    const uint4 line = to_line_form(data[j], stamp);
+    x[j] = tail_lane() || col[j] < p.hidden ? line : make_uint4(0u, 0u, 0u, 0u);
   }
   store_lines(row, 2 * g, row_lines(p), x);
 }
@@ -158,18 +192,12 @@ __device__ PeerWait await_weights(const CombineParams& p, int s, int t, uint32_t
   return got;
 }
 
-// This lane's values of y's packed row `row` at `col`, in the row form (zeros past the row).
+// This lane's vectors of y's packed row `row` at `col`, in the row form (zeros past the row).
 __device__ void load_y(const CombineParams& p, int32_t row, const int (&col)[2], uint4 (&data)[2]) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const uint16_t* at = p.y + row * p.y_row_stride + col[j];
-    if (!tail_lane()) {
-      data[j] = col[j] < p.hidden ? *reinterpret_cast<const uint4*>(at) : make_uint4(0u, 0u, 0u, 0u);
-      continue;
-    }
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(at);  // 2 columns each
-    data[j] = make_uint4(col[j] < p.hidden ? words[0] : 0u, col[j] + 2 < p.hidden ? words[1] : 0u,
-                         col[j] + 4 < p.hidden ? words[2] : 0u, 0u);
+    const uint4* at = reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j]);
+    data[j] = col[j] < p.hidden ? *at : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
@@ -197,8 +225,7 @@ __device__ bool reduce_slots(const CombineParams& p, MessageRecord& m, const int
       const float w = __shfl_sync(~0u, m.weight_of_slot, max(slot[b], 0));
       if (slot[b] < 0) continue;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if (col[j] >= p.hidden) continue;
+      for (int j = 0; j < 2; ++j) {  // past the row too (zeros; no one reads those sums): no branch a vector
 #pragma unroll
         for (int i = 0; i < kColsPerVector; ++i) acc[j][i] = __fmaf_rn(w, bf16_at(in[b][j], i), acc[j][i]);
       }
@@ -422,8 +449,8 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         if (got == PeerWait::masked) continue;  // masked while this warp waited: left out
       }
       if (!from_y[b]) {  // arrived as lines
-        in[b][0] = row_form(in[b][0]);
-        in[b][1] = row_form(in[b][1]);
+        in[b][0] = from_line_form(in[b][0]);
+        in[b][1] = from_line_form(in[b][1]);
       }
       const float w = kNaive ? p.weights[t * p.weights_row_stride + slot[b]] : 1.0f;
 #pragma unroll
@@ -439,17 +466,7 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_lines>(v.team);
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    if (col[j] >= p.hidden) continue;
-    const uint4 sums = to_bf16(acc[j]);
-    uint16_t* at = p.out + t * p.out_row_stride + col[j];
-    if (!tail_lane()) {
-      *reinterpret_cast<uint4*>(at) = sums;
-      continue;
-    }
-    uint32_t* words = reinterpret_cast<uint32_t*>(at);  // 2 columns each
-    words[0] = sums.x;
-    if (col[j] + 2 < p.hidden) words[1] = sums.y;
-    if (col[j] + 4 < p.hidden) words[2] = sums.z;
+    if (col[j] < p.hidden) *reinterpret_cast<uint4*>(p.out + t * p.out_row_stride + col[j]) = to_bf16(acc[j]);
   }
   return true;
 }
