@@ -419,6 +419,9 @@ LlCombineResult LlBuffer::combine(const LlCombineArgs& args, const Streams& stre
   const int64_t T = h.num_tokens, K = h.topk, H = h.hidden;
   const int64_t rows = im.E_local() * im.C();
   core::check_tensor(args.y, {"y", {ScalarType::bf16}, -1, H, true, 16});
+  // The kernel works out a row's offset in 32 x 32-bit products (combine.cu, load_y).
+  EPX_REQUIRE(args.y.row_stride < (int64_t(1) << 31),
+              "y's row stride (" + str(args.y.row_stride) + " elements) must be below 2^31");
   EPX_REQUIRE(args.y.rows >= rows,
               "y has " + str(args.y.rows) + " rows; combine reads E_local * R * max_tokens = " + str(rows));
   core::check_tensor(args.out, {"out", {ScalarType::bf16}, T, H, true, 16});

@@ -192,11 +192,13 @@ __device__ PeerWait await_weights(const CombineParams& p, int s, int t, uint32_t
   return got;
 }
 
-// This lane's vectors of y's packed row `row` at `col`, in the row form (zeros past the row).
+// This lane's vectors of y's packed row `row` at `col`, in the row form (zeros past the row). The host keeps
+// a row's bytes below 2^32 (LlBuffer::combine), so the row's offset is one 32 x 32-bit product.
 __device__ void load_y(const CombineParams& p, int32_t row, const int (&col)[2], uint4 (&data)[2]) {
+  const uint64_t offset = uint64_t(uint32_t(row)) * uint32_t(2 * p.y_row_stride);
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const uint4* at = reinterpret_cast<const uint4*>(p.y + row * p.y_row_stride + col[j]);
+    const uint4* at = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(p.y + col[j]) + offset);
     data[j] = col[j] < p.hidden ? *at : make_uint4(0u, 0u, 0u, 0u);
   }
 }
