@@ -78,40 +78,47 @@ __device__ void item_cols(const CombineParams& p, int g, int (&col)[2]) {
     col[j] = core::ll_combine_row_form_col(p.hidden, row_lines(p), 2 * g + j, int(threadIdx.x % kWarp));
 }
 
-// The whole warp: its share of a line instruction's stamp vectors from the row form `x` (tail lane m's words
-// 1-3 are rest words 3 m .. 3 m + 2 of the instruction, which tail lanes 8 q + 7 hold as words 4 q .. 4 q + 3),
-// the stamp in word 0; a data lane's vector as it is.
+// The word of a row-form or line vector that a shuffle round gives (word `w`, a compile-time constant).
+__device__ __forceinline__ uint32_t word_of(const uint4& x, int w) {
+  return w == 0 ? x.x : w == 1 ? x.y : w == 2 ? x.z : x.w;
+}
+
+// The whole warp: its share of a line instruction's stamp vectors from the row form `x`, the stamp in word 0;
+// a data lane's vector as it is. Tail lane m's words 1-3 are rest words 3 m .. 3 m + 2 of the instruction,
+// which tail lanes 8 q + 7 hold as words 4 q .. 4 q + 3. In shuffle round r every tail lane gives its word r,
+// and tail lane m takes from the lane holding its word i = (r + m) mod 4 (none for i = 3): each rest word
+// moves once, in 4 shuffles.
 __device__ uint4 to_line_form(const uint4& x, uint32_t stamp) {
   const int m = int(threadIdx.x % kWarp) / core::kLlLineVectors;
-  const int q = 3 * m / 4, s = 3 * m % 4;  // tail lane m's first word: word s of the lane 8 q + 7's vector
-  const int from = q * core::kLlLineVectors + kDataVectors;
-  uint32_t w[6];  // words s .. s + 2 of the two vectors from lane `from` on (s + 2 <= 5)
-  w[0] = __shfl_sync(~0u, x.x, from);
-  w[1] = __shfl_sync(~0u, x.y, from);
-  w[2] = __shfl_sync(~0u, x.z, from);
-  w[3] = __shfl_sync(~0u, x.w, from);
-  w[4] = __shfl_sync(~0u, x.x, from + core::kLlLineVectors);
-  w[5] = __shfl_sync(~0u, x.y, from + core::kLlLineVectors);
-  const auto pick = [&](int i) { return s == 0 ? w[i] : s == 1 ? w[i + 1] : s == 2 ? w[i + 2] : w[i + 3]; };
-  return tail_lane() ? make_uint4(stamp, pick(0), pick(1), pick(2)) : x;
+  uint32_t got[4];  // got[r]: word (r + m) mod 4 of this lane's line
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int q = (3 * m + ((r + m) & 3)) / 4;  // <= 3: a lane of the warp
+    got[r] = __shfl_sync(~0u, word_of(x, r), q * core::kLlLineVectors + kDataVectors);
+  }
+  const auto word = [&](int i) {  // got[(i - m) mod 4]
+    const int r = (i - m) & 3;
+    return r == 0 ? got[0] : r == 1 ? got[1] : r == 2 ? got[2] : got[3];
+  };
+  return tail_lane() ? make_uint4(stamp, word(0), word(1), word(2)) : x;
 }
 
 // The whole warp: the row form of a line instruction as it arrived, `x` (to_line_form's inverse; lane 31
-// gets zeros).
+// gets zeros). Row word k of tail lane 8 q + 7 is rest word 4 q + k: word (q + k) mod 3 of tail lane m =
+// q + (q + k) / 3's words 1-3, which gives it in shuffle round k (every tail lane m gives its word
+// (m + k) mod 4 of words 1-3 in round k, none for 3): 4 shuffles.
 __device__ uint4 from_line_form(const uint4& x) {
-  const int q = int(threadIdx.x % kWarp) / core::kLlLineVectors;  // the vector's rest words 4 q .. 4 q + 3 start
-  const int from = q * core::kLlLineVectors + kDataVectors;       // at word q of the line lane 8 q + 7 carries
-  uint32_t w[6];  // words 1-3 of the stamp vectors of lanes `from` and `from` + 8 (lane 31's for q = 3: unused)
-  const int next = min(from + core::kLlLineVectors, kWarp - 1);
-  w[0] = __shfl_sync(~0u, x.y, from);
-  w[1] = __shfl_sync(~0u, x.z, from);
-  w[2] = __shfl_sync(~0u, x.w, from);
-  w[3] = __shfl_sync(~0u, x.y, next);
-  w[4] = __shfl_sync(~0u, x.z, next);
-  w[5] = __shfl_sync(~0u, x.w, next);
-  const auto pick = [&](int i) { return q == 0 ? w[i] : q == 1 ? w[i + 1] : w[i + 2]; };
+  const int q = int(threadIdx.x % kWarp) / core::kLlLineVectors;  // also this lane's line, m
+  uint32_t got[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int give = (q + k) & 3;
+    const uint32_t value = give == 0 ? x.y : give == 1 ? x.z : x.w;
+    const int m = min(q + (q + k) / 3, 3);  // q = 3 (lane 31) takes nothing it keeps
+    got[k] = __shfl_sync(~0u, value, m * core::kLlLineVectors + kDataVectors);
+  }
   if (!tail_lane()) return x;
-  return q < 3 ? make_uint4(pick(0), pick(1), pick(2), pick(3)) : make_uint4(0u, 0u, 0u, 0u);
+  return q < 3 ? make_uint4(got[0], got[1], got[2], got[3]) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 // This lane's share of item g of `row` (`col` as item_cols gives it, `data` in the row form): a data
@@ -425,13 +432,8 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         }
         if (masked[rank[b]]) rank[b] = -1;
       }
-      if (direct && rank[b] == me) {
-        if (kNaive) {
-          load_y(p, __shfl_sync(~0u, mine.row_of_slot, slot[b]), col, in[b]);
-        } else {
-          in[b][0] = own_row[0];
-          in[b][1] = own_row[1];
-        }
+      if (direct && rank[b] == me) {  // local order: own_row, read once the lines are in (fewer registers held)
+        if (kNaive) load_y(p, __shfl_sync(~0u, mine.row_of_slot, slot[b]), col, in[b]);
         from_y[b] = true;
         continue;
       }
@@ -450,17 +452,14 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         if (got == PeerWait::failed) return false;
         if (got == PeerWait::masked) continue;  // masked while this warp waited: left out
       }
-      if (!from_y[b]) {  // arrived as lines
-        in[b][0] = from_line_form(in[b][0]);
-        in[b][1] = from_line_form(in[b][1]);
-      }
       const float w = kNaive ? p.weights[t * p.weights_row_stride + slot[b]] : 1.0f;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
+        // Arrived as lines, or local order's own_row (read only now: fewer registers held over the waits).
+        const uint4 x = !from_y[b] ? from_line_form(in[b][j]) : kNaive ? in[b][j] : own_row[j];
 #pragma unroll
         for (int i = 0; i < kColsPerVector; ++i) {
-          acc[j][i] =
-              kNaive ? __fmaf_rn(w, bf16_at(in[b][j], i), acc[j][i]) : __fadd_rn(acc[j][i], bf16_at(in[b][j], i));
+          acc[j][i] = kNaive ? __fmaf_rn(w, bf16_at(x, i), acc[j][i]) : __fadd_rn(acc[j][i], bf16_at(x, i));
         }
       }
     }
