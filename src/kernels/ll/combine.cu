@@ -483,9 +483,12 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, uint4 (*own)[2]) 
   __shared__ bool masked[kMaxNvlinkRanks];  // the CTA's view of the mask (protocol.cuh)
   for (int r = threadIdx.x; r < R; r += blockDim.x) masked[r] = is_masked(v, r);
   __syncthreads();
-  // Every thread of the CTA read the sequence before the barrier above.
+  // Every thread of the CTA read the sequence before the barrier above. The record goes out as soon as the
+  // count is back, not after the CTA's items: kept in registers through the receive, the count's state was
+  // spilled, and the spill's store held warp 0 for the count's round trip all the same (2026-11-30).
   FreedRecord record{core::kLlCombine};
   record.count(v);
+  record.record_if_last(v, p.set, cseq);
   const int items = receive_items(p), first = first_receive_item(p);
   bool ok = true;
   for (int item = first; ok && item < items; item += gridDim.x * kWarps) {
@@ -495,7 +498,6 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, uint4 (*own)[2]) 
     ok = receive_item<kNaive>(p, masked, stamp, int(t), int(g), home, own != nullptr ? own[threadIdx.x] : nullptr);
   }
   if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ll_combine_received>(v.team);
-  record.record_if_last(v, p.set, cseq);
 }
 
 // kNaive: p.naive, a kernel of its own for each order.
