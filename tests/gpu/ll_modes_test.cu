@@ -457,6 +457,7 @@ void refuse_bad_combine_arguments(Rig& rig, const Streams& on, int rank) {
       {"naive", "weights"});
   refused([](LlCombineArgs& a) { a.y.type = ScalarType::float32; }, {"y must be", "bf16"});
   refused([](LlCombineArgs& a) { a.y.data = static_cast<char*>(a.y.data) + 2; }, {"y", "aligned"});
+  refused([](LlCombineArgs& a) { a.y.row_stride = int64_t(1) << 31; }, {"y's row stride", "2^31"});
   refused([](LlCombineArgs& a) { a.out.type = ScalarType::float32; }, {"out must be", "bf16"});
   refused([](LlCombineArgs& a) { a.out.data = nullptr; }, {"out", "null"});
   refused([](LlCombineArgs& a) { a.out.data = static_cast<char*>(a.out.data) + 2; }, {"out", "aligned"});

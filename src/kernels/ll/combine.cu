@@ -32,8 +32,8 @@
 //     slots k ascending. A token with no expert gets 0. With own_rows_direct the terms of r = me
 //     (naive: of t's slots on me) come from y and the dispatch's private record of message (me, t)
 //     (own_partial: the send's reduce), and wait for nothing; rows (me, set, me or k, t) are then not
-//     written and keep an older call's stamp. Then the CTA that counted itself last records the call as freed
-//     (FreedRecord); the signals go out at the start of this rank's next combine (protocol.cuh).
+//     written and keep an older call's stamp. The CTA that counts itself last when the step starts records the
+//     call as freed (FreedRecord); the signals go out at the start of this rank's next combine (protocol.cuh).
 #include <algorithm>
 
 #include "core/cuda_check.hpp"
@@ -67,7 +67,7 @@ __device__ int row_items(const CombineParams& p) { return int(p.by_row_items.d);
 // y and out with one instruction each. A data lane's vector is its line vector. The tail lanes (8 m + 7, the
 // stamp vectors' lanes) hold the instruction's 48 rest bytes as three aligned vectors (m < 3; lane 31 none),
 // and trade words with shuffles to and from the lines' form once per item and row sent or received
-// (to_line_form, from_line_form). Until 2026-11-30 a tail lane held its line's 12 rest bytes and loaded y's and
+// (to_line_form, from_line_form). Until 2026-11-29 a tail lane held its line's 12 rest bytes and loaded y's and
 // stored out's with three 4-byte instructions, which the warp issued beside the data lanes' vector ones.
 __device__ bool tail_lane() { return line_vector() == kDataVectors; }
 
@@ -485,7 +485,7 @@ __device__ void receive(const CombineParams& p, uint64_t cseq, uint4 (*own)[2]) 
   __syncthreads();
   // Every thread of the CTA read the sequence before the barrier above. The record goes out as soon as the
   // count is back, not after the CTA's items: kept in registers through the receive, the count's state was
-  // spilled, and the spill's store held warp 0 for the count's round trip all the same (2026-11-30).
+  // spilled, and the spill's store held warp 0 for the count's round trip all the same (2026-11-29).
   FreedRecord record{core::kLlCombine};
   record.count(v);
   record.record_if_last(v, p.set, cseq);

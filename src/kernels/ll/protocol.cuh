@@ -315,11 +315,12 @@ __device__ inline bool ensure_set_free(const LlView& v, int op, int set, uint64_
 // every CTA of the kernel has read freed(me, op, set, me) for its own sequence number. So each CTA counts
 // itself (count, thread 0) in blocks_done[op] (the step's private counter, zero between
 // kernels) once every thread of the CTA has passed a barrier after that read, and the CTA that counts last
-// writes the record (record_if_last) at the end of its work, unless the team had failed when it counted,
-// and resets the counter. The count is relaxed: the reads are performed before the barrier, and the count after it, on
-// the hardware. Counted at the start, the count's round trip hides behind the CTA's work: counted at the
-// end (until 2026-11-28), it came after every CTA's last read, and the last CTA's round trip ended the
-// kernel ~0.6 us after its last receive (phase trace, T = 128).
+// writes the record (record_if_last), unless the team had failed when it counted, and resets the counter:
+// the dispatch at the end of its work, the combine as soon as its count is back (combine.cu says why). The
+// count is relaxed: the reads are performed before the barrier, and the count after it, on the hardware.
+// Counted at the start, the count's round trip hides behind the CTA's work: counted at the end (until
+// 2026-11-28), it came after every CTA's last read, and the last CTA's round trip ended the kernel ~0.6 us
+// after its last receive (phase trace, T = 128).
 struct FreedRecord {
   int op;
   uint32_t before = 0;  // thread 0: the count before this CTA's
