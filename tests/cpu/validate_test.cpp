@@ -165,7 +165,9 @@ TEST(LlAreas, CombineLinesCarryEveryColumnOnce) {
 }
 
 // The combine kernel's row form (core::ll_combine_row_form_col): every column of every hidden the buffer takes,
-// once, in whole 16-byte vectors inside the row, over the line instructions the row's lines take.
+// once, in whole 16-byte vectors inside the row, over the line instructions the row's lines take; and a tail
+// lane's vector is what its shuffles (combine.cu, from_line_form) take from the lines' stamp vectors: word k of
+// tail lane 8 q + 7 is word (q + k) mod 3 of words 1-3 of line 4 k' + q + (q + k) / 3 of instruction k'.
 TEST(LlAreas, CombineRowFormHoldsEveryColumnOnce) {
   for (int hidden = 128; hidden <= core::kLlMaxHidden; hidden += 128) {
     const int lines = core::ll_combine_row_lines(2 * hidden);
@@ -179,6 +181,14 @@ TEST(LlAreas, CombineRowFormHoldsEveryColumnOnce) {
         ASSERT_EQ(col % 8, 0) << "hidden " << hidden << ", instruction " << k << ", lane " << lane;
         ASSERT_LE(col + 8, hidden) << "hidden " << hidden << ", instruction " << k << ", lane " << lane;
         for (int c = col; c < col + 8; ++c) ++held[std::size_t(c)];
+        if (lane % core::kLlLineVectors != core::kLlLineVectors - 1) continue;
+        const int q = lane / core::kLlLineVectors;
+        for (int word = 0; word < 4; ++word) {  // 2 columns a word
+          const int line = 4 * k + q + (q + word) / 3;
+          const int line_col = core::ll_combine_line_col(hidden, lines, line, core::kLlLineVectors - 1);
+          ASSERT_EQ(line_col + 2 * ((q + word) % 3), col + 2 * word)
+              << "hidden " << hidden << ", instruction " << k << ", lane " << lane << ", word " << word;
+        }
       }
     }
     for (int c = 0; c < hidden; ++c) ASSERT_EQ(held[std::size_t(c)], 1) << "hidden " << hidden << ", column " << c;
