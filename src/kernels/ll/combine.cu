@@ -86,19 +86,19 @@ __device__ __forceinline__ uint32_t word_of(const uint4& x, int w) {
 }
 
 // The whole warp: its share of a line instruction's stamp vectors from the row form `x`, the stamp in word 0;
-// a data lane's vector as it is. Tail lane m's words 1-3 are rest words 3 m .. 3 m + 2 of the instruction,
-// which tail lanes 8 q + 7 hold as words 4 q .. 4 q + 3. In shuffle round r every tail lane gives its word r,
-// and tail lane m takes from the lane holding its word i = (r + m) mod 4 (none for i = 3): each rest word
-// moves once, in 4 shuffles.
+// a data lane's vector as it is. Tail lane m's words 1-3 carry the instruction's rest words 3 m .. 3 m + 2, and
+// tail lane 8 q + 7 holds rest words 4 q .. 4 q + 3 as its words 0-3. In shuffle round r every lane gives its
+// word r, and tail lane m takes rest word 3 m + i, i = (r + m) mod 4, from the lane holding it (there it is
+// word (3 m + i) mod 4 = r); i = 3 is not its own. Each rest word moves once, in 4 shuffles.
 __device__ uint4 to_line_form(const uint4& x, uint32_t stamp) {
   const int m = int(threadIdx.x % kWarp) / core::kLlLineVectors;
-  uint32_t got[4];  // got[r]: word (r + m) mod 4 of this lane's line
+  uint32_t got[4];  // got[r]: rest word 3 m + (r + m) mod 4
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int q = (3 * m + ((r + m) & 3)) / 4;  // <= 3: a lane of the warp
     got[r] = __shfl_sync(~0u, word_of(x, r), q * core::kLlLineVectors + kDataVectors);
   }
-  const auto word = [&](int i) {  // got[(i - m) mod 4]
+  const auto word = [&](int i) {  // rest word 3 m + i: got[(i - m) mod 4]
     const int r = (i - m) & 3;
     return r == 0 ? got[0] : r == 1 ? got[1] : r == 2 ? got[2] : got[3];
   };
@@ -106,21 +106,21 @@ __device__ uint4 to_line_form(const uint4& x, uint32_t stamp) {
 }
 
 // The whole warp: the row form of a line instruction as it arrived, `x` (to_line_form's inverse; lane 31
-// gets zeros). Row word k of tail lane 8 q + 7 is rest word 4 q + k: word (q + k) mod 3 of tail lane m =
-// q + (q + k) / 3's words 1-3, which gives it in shuffle round k (every tail lane m gives its word
-// (m + k) mod 4 of words 1-3 in round k, none for 3): 4 shuffles.
+// gets zeros). Word k of tail lane 8 q + 7 is rest word 4 q + k, which tail lane m = q + (q + k) / 3 carries
+// as word (q + k) mod 3 of its words 1-3. In shuffle round k every tail lane m gives its word (m + k) mod 4 of
+// words 1-3, which for that taker is the word it wants ((m + k) mod 4 = (q + k) mod 3); 3: no one takes it.
 __device__ uint4 from_line_form(const uint4& x) {
-  const int q = int(threadIdx.x % kWarp) / core::kLlLineVectors;  // also this lane's line, m
+  const int group = int(threadIdx.x % kWarp) / core::kLlLineVectors;  // m as a giver, q as a taker
   uint32_t got[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const int give = (q + k) & 3;
-    const uint32_t value = give == 0 ? x.y : give == 1 ? x.z : x.w;
-    const int m = min(q + (q + k) / 3, 3);  // q = 3 (lane 31) takes nothing it keeps
-    got[k] = __shfl_sync(~0u, value, m * core::kLlLineVectors + kDataVectors);
+    const int gives = (group + k) & 3;
+    const uint32_t value = gives == 0 ? x.y : gives == 1 ? x.z : x.w;
+    const int from = min(group + (group + k) / 3, 3);  // lane 31 (q = 3) keeps nothing it takes
+    got[k] = __shfl_sync(~0u, value, from * core::kLlLineVectors + kDataVectors);
   }
   if (!tail_lane()) return x;
-  return q < 3 ? make_uint4(got[0], got[1], got[2], got[3]) : make_uint4(0u, 0u, 0u, 0u);
+  return group < 3 ? make_uint4(got[0], got[1], got[2], got[3]) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 // This lane's share of item g of `row` (`col` as item_cols gives it, `data` in the row form): a data
@@ -434,7 +434,7 @@ __device__ bool receive_item(const CombineParams& p, const bool* masked, uint32_
         }
         if (masked[rank[b]]) rank[b] = -1;
       }
-      if (direct && rank[b] == me) {  // local order: own_row, read once the lines are in (fewer registers held)
+      if (direct && rank[b] == me) {  // local order: own_row, read below
         if (kNaive) load_y(p, __shfl_sync(~0u, mine.row_of_slot, slot[b]), col, in[b]);
         from_y[b] = true;
         continue;
