@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench/team_sync.hpp"
+#include "bench/hold_stream.hpp"
 #include "bench/timing.hpp"
 #include "core/cuda_check.hpp"
 #include "epx/team.hpp"
@@ -79,13 +79,13 @@ inline CallStamps call_stamps(const std::vector<uint64_t>& words, double cycles_
 
 // `before` enqueues what precedes every call untimed (HT: the L2 flush and the team barrier; LL: the
 // barrier), `call` the op; both on `stream`, which is synchronised after each call. Both are enqueued
-// behind a hold of kTraceHoldUs (enqueue_hold), so that where `call` enqueues without waiting for the host
+// behind a hold of kTraceHoldNs (hold_stream), so that where `call` enqueues without waiting for the host
 // (a graph launch), the ranks' kernels start as close together after the barrier as the timed calls'
 // do: enqueued after the barrier had already ended, a rank's call started microseconds late.
 inline void print_phase_trace(Team& team, cudaStream_t stream, const std::string& name, transport::TracePoint first,
                               const std::function<void()>& before, const std::function<void()>& call) {
   constexpr int kTraceCalls = 22, kLateWarps = 3, kChainWarps = 2;  // even: see LlBench::trace_calls
-  constexpr double kTraceHoldUs = 100;
+  constexpr uint64_t kTraceHoldNs = 100'000;
   constexpr int P = transport::kTracePoints, W = transport::kTraceWarps;
   int clock_khz = 0;
   detail::check_cuda(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, team.device()),
@@ -95,7 +95,7 @@ inline void print_phase_trace(Team& team, cudaStream_t stream, const std::string
   std::vector<std::vector<std::vector<double>>> by_warp(P, std::vector<std::vector<double>>(W));  // per call
   for (int i = 0; i < kTraceCalls; ++i) {
     team.impl().reset_trace(stream);
-    enqueue_hold(stream, kTraceHoldUs);
+    hold_stream(stream, kTraceHoldNs);
     before();
     call();
     detail::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

@@ -13,11 +13,6 @@ constexpr int kThreads = 128;
 
 __global__ void barrier_kernel(transport::TeamView team) { transport::team_barrier(team, kBenchBarrierSlot); }
 
-__global__ void hold_kernel(uint64_t ns) {
-  const uint64_t until = transport::global_timer_ns() + ns;
-  while (transport::global_timer_ns() < until) __nanosleep(1000);
-}
-
 // `table` holds [R][n] doubles, then this rank's own n values (staged by the host). Every thread copies
 // its share of the own values into row `me` of every rank's table and fences at system scope; the
 // barrier then publishes them (its releases follow a __syncthreads) and waits for every rank's rows.
@@ -36,11 +31,6 @@ __global__ void all_gather_kernel(transport::TeamView team, transport::Symmetric
 void enqueue_team_barrier(Team& team, cudaStream_t stream) {
   barrier_kernel<<<1, kThreads, 0, stream>>>(team.impl().view());
   detail::check_launch("barrier_kernel");
-}
-
-void enqueue_hold(cudaStream_t stream, double us) {
-  hold_kernel<<<1, 1, 0, stream>>>(uint64_t(us * 1000.0));
-  detail::check_launch("hold_kernel");
 }
 
 std::vector<double> all_gather(Team& team, cudaStream_t stream, const std::vector<double>& mine) {

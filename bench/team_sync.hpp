@@ -17,10 +17,6 @@ inline constexpr int kBenchBarrierSlot = 1;
 // stream has reached its barrier. One CTA; call it on one stream at a time.
 void enqueue_team_barrier(Team& team, cudaStream_t stream);
 
-// Enqueues a kernel that spins for `us` microseconds on `stream` (one thread), so that what the host
-// enqueues behind it within that time is queued on the GPU before it runs, as in a stream of calls.
-void enqueue_hold(cudaStream_t stream, double us);
-
 // Collective. Returns every rank's `mine`, rank after rank ([R][n], n = mine.size(), the same on every
 // rank). Synchronises `stream` and reports an expired device wait as epx::Error.
 std::vector<double> all_gather(Team& team, cudaStream_t stream, const std::vector<double>& mine);

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/hold_stream.hpp"
 #include "expect_error.hpp"
 #include "gpu_test_env.hpp"
-#include "hold_stream.hpp"
 #include "ht_fixture.hpp"
 #include "single_gpu_ranks.hpp"
 
@@ -107,7 +107,7 @@ void graph_rounds(const std::vector<Expected>& expected, Team& team, cudaStream_
 // the stream still busy. (Until 2026-11-29 it waited for its kernel's count, as the exact form does.)
 void cached_without_host_wait(const std::vector<Expected>& expected, Team& team, cudaStream_t stream) {
   constexpr uint64_t kHoldNs = 200'000'000;
-  load_hold_kernel();
+  bench::load_hold_kernel();
   const int rank = team.rank();
   const Expected& x = expected[0];
   RankInputs in = upload_inputs(kCase, x.tokens[rank]);
@@ -119,7 +119,7 @@ void cached_without_host_wait(const std::vector<Expected>& expected, Team& team,
   cached.cached = exact.handle;
   cudaError_t busy = cudaSuccess;
   const HtDispatchResult again = submit_together([&] {
-    hold_stream(stream, kHoldNs);
+    bench::hold_stream(stream, kHoldNs);
     HtDispatchResult r = buffer.dispatch(cached, HtStreams{stream});
     busy = cudaStreamQuery(stream);
     return r;
@@ -137,7 +137,7 @@ void cached_without_host_wait(const std::vector<Expected>& expected, Team& team,
 // dispatch are ordered only by its streams.) Arguments it cannot honour are refused first.
 void copies_before_the_next_dispatch(const std::vector<Expected>& expected, Team& team, cudaStream_t stream) {
   constexpr uint64_t kHoldNs = 100'000'000;
-  load_hold_kernel();
+  bench::load_hold_kernel();
   const int rank = team.rank();
   RankInputs first = upload_inputs(kCase, expected[0].tokens[rank]);
   RankInputs second = upload_inputs(kCase, expected[1].tokens[rank]);
@@ -177,7 +177,7 @@ void copies_before_the_next_dispatch(const std::vector<Expected>& expected, Team
                         copied.recv_topk_weights,
                         copied.num_recv_tokens_per_expert};
   const HtDispatchResult next = submit_together([&] {
-    hold_stream(stream, kHoldNs);
+    bench::hold_stream(stream, kHoldNs);
     buffer.copy_dispatch_outputs(to, HtStreams{stream});
     return buffer.dispatch(second.args, HtStreams{other});
   });

@@ -15,11 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "bench/hold_stream.hpp"
 #include "core/cuda_check.hpp"
 #include "epx/ll.hpp"
 #include "expect_error.hpp"
 #include "gpu_test_env.hpp"
-#include "hold_stream.hpp"
 #include "ll_fixture.hpp"
 #include "single_gpu_ranks.hpp"
 
@@ -238,7 +238,7 @@ void combine_from_buffer(const LlCase& c, Team& team, cudaStream_t stream) {
 // weights there first and must wait for this call's (on one hardware queue the hold may delay every
 // rank alike: the test still holds, it then just waits less).
 void weights_given_to_combine(const LlCase& c, Team& team, cudaStream_t stream) {
-  load_hold_kernel();
+  bench::load_hold_kernel();
   constexpr int kCalls = 6, kSets = 3;
   const int rank = team.rank();
   const bool given_here = rank % 2 == 1;
@@ -256,7 +256,7 @@ void weights_given_to_combine(const LlCase& c, Team& team, cudaStream_t stream) 
     if (given_here) ca.topk_weights = rig.dispatch_weights(set);
     ca.send_only = i % 2 == 1;
     const LlCombineResult r = submit_together([&] {
-      if (given_here) hold_stream(stream, 1'000'000);
+      if (given_here) bench::hold_stream(stream, 1'000'000);
       return rig.buffer.combine(ca, Streams{stream});
     });
     if (ca.send_only) {
@@ -282,7 +282,7 @@ void late_rank_stands_out(Team& team, cudaStream_t stream) {
   constexpr int64_t kStandsOut = 4;            // entry 1 against any other entry of a rank that waited for it
   const LlCase c = ll_small_case(team.is_single_gpu() ? team.size() : 0);
   const int rank = team.rank(), R = team.size();
-  load_hold_kernel();
+  bench::load_hold_kernel();
   Rig rig(c, team, 1);
   const std::size_t bytes = sizeof(int64_t) * std::size_t(R);
   DeviceArray dispatch_waits(bytes), combine_waits(bytes);
@@ -290,7 +290,7 @@ void late_rank_stands_out(Team& team, cudaStream_t stream) {
   ASSERT_EQ(cudaMemsetAsync(combine_waits.data, 0, bytes, stream), cudaSuccess);
   poison_ll_outputs(rig.out[0], stream);
   const auto late = [&] {
-    if (rank == 1) hold_stream(stream, kLateNs);
+    if (rank == 1) bench::hold_stream(stream, kLateNs);
   };
   LlDispatchArgs a = rig.dispatch_args(0);
   a.cumulative_wait_cycles = static_cast<int64_t*>(dispatch_waits.data);

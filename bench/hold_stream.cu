@@ -1,17 +1,14 @@
-#include "hold_stream.hpp"
+#include "bench/hold_stream.hpp"
 
 #include "core/cuda_check.hpp"
+#include "transport/device/flags.cuh"
 
-namespace epx::test {
+namespace epx::bench {
 namespace {
 
 __global__ void hold_kernel(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
+  const uint64_t until = transport::global_timer_ns() + ns;
+  while (transport::global_timer_ns() < until) __nanosleep(1000);
 }
 
 }  // namespace
@@ -23,4 +20,4 @@ void hold_stream(cudaStream_t stream, uint64_t ns) {
   detail::check_launch("hold_kernel");
 }
 
-}  // namespace epx::test
+}  // namespace epx::bench
