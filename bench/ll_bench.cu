@@ -184,11 +184,11 @@ struct Traffic {
 };
 
 // One call's timings: one launch at a time, each after a team barrier (what the bench reports); in a
-// row (GraphPair::time_in_a_row); cold: one launch at a time after other code ran on every SM; and
-// kernel: the launches of the first, timed by CUPTI from the call's first kernel's start to its last
-// kernel's end (all zero where the bench cannot measure it: KernelClock).
+// row (GraphPair::time_in_a_row); in one graph (time_in_one_graph); cold: one launch at a time after
+// other code ran on every SM; and kernel: the launches of the first, timed by CUPTI from the call's first
+// kernel's start to its last kernel's end (all zero where the bench cannot measure it: KernelClock).
 struct CallTiming {
-  Timing launch, in_a_row, cold, kernel;
+  Timing launch, in_a_row, in_one_graph, cold, kernel;
 };
 
 struct Measured {
@@ -196,12 +196,13 @@ struct Measured {
   const char* dtype;
   const char* order;  // "" for dispatch alone
   RankTiming timing;
-  Timing in_a_row{}, cold{}, kernel{};  // zero for the send/receive step rows
+  Timing in_a_row{}, in_one_graph{}, cold{}, kernel{};  // zero for the send/receive step rows
 };
 
 Measured measured(const char* op, const char* dtype, const char* order, CallTiming timing, OpBytes bytes) {
   Measured m{op, dtype, order, RankTiming{timing.launch, bytes.nvlink, bytes.algo}};
   m.in_a_row = timing.in_a_row;
+  m.in_one_graph = timing.in_one_graph;
   m.cold = timing.cold;
   m.kernel = timing.kernel;
   return m;
@@ -347,7 +348,8 @@ class LlBench {
 
   // Each op: one call (dispatch; combine; or dispatch then combine) captured in a GraphPair, replayed
   // o_.warmup + o_.replays times, each replay after a team barrier; then kLlInARowRounds rounds of
-  // o_.replays replays in a row, each round after a team barrier; then as the first, with other code
+  // o_.replays replays in a row, each round after a team barrier; then kLlCallsPerGraph calls in one
+  // graph, replayed as the first (time_in_one_graph); then as the first, with other code
   // (other_code_kernel) run on every SM before each barrier, so that the call fetches its own code
   // again, as between the other kernels of a decode step. No L2 flush: the inputs (~2 MB) stay in L2 as
   // they would in a decode step, and LL ops are bound by latency, not by HBM.
@@ -566,7 +568,26 @@ class LlBench {
     const auto cold = [&](cudaStream_t s) { other_code_then_barrier(s); };
     return CallTiming{graphs.time(stream(), o_.warmup, o_.replays, before),
                       graphs.time_in_a_row(stream(), kLlInARowRounds, o_.replays, before),
-                      graphs.time(stream(), o_.warmup, o_.replays, cold), kernel_time(call)};
+                      time_in_one_graph(call, before), graphs.time(stream(), o_.warmup, o_.replays, cold),
+                      kernel_time(call)};
+  }
+
+  // CallTiming::in_one_graph: kLlCallsPerGraph calls captured in one graph (they alternate the sets within
+  // it, and an even number leaves the buffer's set counter as it was), each replay after before(stream),
+  // events around its launch; per call, a replay's time divided by its calls. Each LL kernel is a
+  // programmatic dependent of the one before it (launch.hpp), so its CTAs start as that kernel's exit, as
+  // in a caller's decode graph, where the router and the expert GEMM come between them; the graph's
+  // launch and the start after the barrier are shared by its calls.
+  Timing time_in_one_graph(const std::function<void(cudaStream_t)>& call,
+                           const std::function<void(cudaStream_t)>& before) {
+    const Timing replay = time_graph(
+        stream(), o_.warmup, o_.replays,
+        [&](cudaStream_t s) {
+          for (int i = 0; i < kLlCallsPerGraph; ++i) call(s);
+        },
+        before);
+    return Timing{replay.median_us / kLlCallsPerGraph, replay.min_us / kLlCallsPerGraph,
+                  replay.max_us / kLlCallsPerGraph};
   }
 
   // CallTiming::kernel: the call captured again and replayed as `launch` is (time_launch: each replay
@@ -718,14 +739,16 @@ LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options, KernelCloc
   for (const Measured& m : bench.time_steps(steps_ok)) measured.push_back(m);
   require_every_rank(team, bench.stream(), steps_ok,
                      "LL outputs of send_only calls and their receive steps differ from the CPU reference");
-  // One gather: every op's one-launch timing, then every op's in-a-row timing, its cold one, its kernel one.
+  // One gather: every op's one-launch timing, then every op's in-a-row timing, its cold one, its kernel one,
+  // its in-one-graph one.
   const std::size_t n = measured.size();
-  std::vector<RankTiming> timings(4 * n);
+  std::vector<RankTiming> timings(5 * n);
   for (std::size_t i = 0; i < n; ++i) {
     timings[i] = measured[i].timing;
     timings[n + i] = {measured[i].in_a_row};
     timings[2 * n + i] = {measured[i].cold};
     timings[3 * n + i] = {measured[i].kernel};
+    timings[4 * n + i] = {measured[i].in_one_graph};
   }
   const std::vector<TeamTiming> gathered = gather_timings(team, bench.stream(), timings);
   for (std::size_t i = 0; i < n; ++i) {
@@ -733,6 +756,7 @@ LlBenchResult run_ll_bench(Team& team, const LlBenchOptions& options, KernelCloc
     static_cast<TeamTiming&>(row) = gathered[i];
     row.in_a_row_us = gathered[n + i].time_us;
     row.cold_us = gathered[2 * n + i].time_us;
+    row.in_one_graph_us = gathered[4 * n + i].time_us;
     // Zero on any rank (not measured there) leaves it unmeasured: the slowest rank's median is then
     // another rank's, which would understate it.
     const std::vector<double>& kernel = gathered[3 * n + i].median_us_per_rank;

@@ -39,6 +39,10 @@ struct LlBenchRow : TeamTiming {
   // between them, each launch overlapping the kernel before, as in a stream of calls): a round's time
   // divided by its replays.
   double in_a_row_us = 0;
+  // The slowest rank's median time of one call inside a graph of kLlCallsPerGraph calls (each LL kernel a
+  // programmatic dependent of the one before, as in a caller's decode graph), one replay after a team
+  // barrier: a replay's time, by events around its launch, divided by its calls.
+  double in_one_graph_us = 0;
   // The slowest rank's median time of one launch after a team barrier, as time_us, but with other code
   // run on every SM before the barrier (bench/other_code.cuh): the call's kernels fetch their code again,
   // as they do between the other kernels of a decode step.
@@ -51,6 +55,10 @@ struct LlBenchRow : TeamTiming {
 
 // Rounds of replays in a row per op (LlBenchRow::in_a_row_us).
 inline constexpr int kLlInARowRounds = 5;
+// Calls captured in one graph per op (LlBenchRow::in_one_graph_us): even, so that the calls alternate the
+// buffer sets within it and every replay starts on the set the first call expects.
+inline constexpr int kLlCallsPerGraph = 20;
+static_assert(kLlCallsPerGraph % 2 == 0, "calls alternate the buffer sets");
 
 // The num_sms values `tune` tries (those above the smallest SM count of any rank are left out).
 inline constexpr int kLlTuneSms[] = {16, 24, 32, 48, 64, 96, 132};

@@ -17,8 +17,8 @@ struct Target {
   double min_algo_gbps = 0;  // at least this algorithm bandwidth; 0: no bandwidth target
 
   bool any() const { return max_us > 0 || min_algo_gbps > 0; }
-  bool met(double time_us, double algo_gbps) const {
-    return (max_us <= 0 || time_us <= max_us) && (min_algo_gbps <= 0 || algo_gbps >= min_algo_gbps);
+  bool met(double time_us, double algo_gbps) const {  // time_us <= 0: not measured, so not met
+    return (max_us <= 0 || (time_us > 0 && time_us <= max_us)) && (min_algo_gbps <= 0 || algo_gbps >= min_algo_gbps);
   }
   std::string text() const {  // "<= 190 us", ">= 340 GB/s", or "-"
     char out[32] = "-";
