@@ -36,6 +36,8 @@ TEST(BenchTargets, MetAndText) {
   const Target time{190, 0}, bandwidth{0, 340};
   EXPECT_TRUE(time.met(190, 0));
   EXPECT_FALSE(time.met(190.1, 1000));
+  EXPECT_FALSE(time.met(0, 0));  // a time not measured meets nothing
+  EXPECT_TRUE(bandwidth.met(0, 340));
   EXPECT_TRUE(bandwidth.met(1e6, 340));
   EXPECT_FALSE(bandwidth.met(1, 339.9));
   EXPECT_EQ(time.text(), "<= 190 us");
