@@ -1,9 +1,9 @@
 // LL calls in the ways users run them besides one plain call: captured once into a CUDA graph and
-// replayed with new inputs; a thousand calls in a row; split into send and receive steps, two in
-// flight; on the buffer's communication stream with events; with cumulative receive counters; with y
-// in the buffer's own combine area; with some ranks' weights given to combine; with wait statistics. Then what must
-// fail, and how: bad arguments (refused before any launch, naming the argument), an invalid expert id (reported by
-// check_errors, counted as -1 meanwhile), a peer that never calls (a timeout naming the phase and the peer).
+// replayed with new inputs; several calls in one graph; a thousand calls in a row; split into send and receive steps,
+// two in flight; on the buffer's communication stream with events; with cumulative receive counters; with y in the
+// buffer's own combine area; with some ranks' weights given to combine; with wait statistics. Then what must fail, and
+// how: bad arguments (refused before any launch, naming the argument), an invalid expert id (reported by check_errors,
+// counted as -1 meanwhile), a peer that never calls (a timeout naming the phase and the peer).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -93,6 +93,43 @@ void graph_replays(const LlCase& c, Team& team, cudaStream_t stream) {
     SCOPED_TRACE("replay " + std::to_string(i));
     check_ll_dispatch(c, x, rank, rig.out[0]);
     check_ll_combine(c, x, rank, rig.out[0], LlCombineOrder::local);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// (1b) Several calls in one graph, as a caller's step holds them and the bench times them: dispatch + combine
+// on each of three input sets (the combines in local, naive, local order), captured together, so the calls
+// alternate the buffer sets within the graph (A, B, A) and each kernel starts as the one before it exits
+// (programmatic dependents); replayed with new inputs, every call's outputs checked.
+void calls_in_one_graph(const LlCase& c, Team& team, cudaStream_t stream) {
+  constexpr int kReplays = 10, kSets = 3;
+  const int rank = team.rank();
+  Rig rig(c, team, kSets);
+  const auto order_of = [](int set) { return set == 1 ? LlCombineOrder::naive : LlCombineOrder::local; };
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  for (int set = 0; set < kSets; ++set) {
+    const LlDispatchResult d = rig.buffer.dispatch(rig.dispatch_args(set), Streams{stream});
+    rig.buffer.combine(rig.combine_args(set, d.handle, order_of(set)), Streams{stream});
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int i = 0; i < kReplays && !::testing::Test::HasFailure(); ++i) {
+    std::vector<LlExpected> x;
+    for (int set = 0; set < kSets; ++set) {
+      x.push_back(build_ll_expected(c, team.size(), kSeed + 200 + uint32_t(kSets * i + set)));
+      write_ll_inputs(c, x.back(), rank, rig.in[std::size_t(set)]);
+      poison_ll_outputs(rig.out[std::size_t(set)], stream);
+    }
+    submit_together([&] { ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess); });
+    sync_and_check_errors(rig.buffer, stream);
+    for (int set = 0; set < kSets; ++set) {
+      SCOPED_TRACE("replay " + std::to_string(i) + ", call " + std::to_string(set));
+      check_ll_dispatch(c, x[std::size_t(set)], rank, rig.out[std::size_t(set)]);
+      check_ll_combine(c, x[std::size_t(set)], rank, rig.out[std::size_t(set)], order_of(set));
+    }
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
@@ -345,6 +382,8 @@ class LlModes : public ::testing::TestWithParam<int> {
 };
 
 TEST_P(LlModes, GraphCapturedOnceAndReplayedWithNewInputs) { run(graph_replays); }
+
+TEST_P(LlModes, SeveralCallsInOneGraph) { run(calls_in_one_graph); }
 
 TEST_P(LlModes, ThousandCallsAlternatingBufferSets) { run(repeated_calls); }
 
