@@ -183,7 +183,7 @@ struct Traffic {
   }
 };
 
-// One call's timings: one launch at a time, each after a team barrier (what the bench reports); in a
+// One call's timings: one launch at a time, each after a team barrier (the rows' time_us); in a
 // row (GraphPair::time_in_a_row); in one graph (time_in_one_graph); cold: one launch at a time after
 // other code ran on every SM; and kernel: the launches of the first, timed by CUPTI from the call's first
 // kernel's start to its last kernel's end (all zero where the bench cannot measure it: KernelClock).
@@ -520,7 +520,7 @@ class LlBench {
     detail::check_launch("other_code_kernel");
     barrier(s);
   }
-  // One launch at a time, each after a team barrier (what the bench reports and tunes on).
+  // One launch at a time, each after a team barrier (the rows' time_us, and what the tuning compares).
   Timing time_launch(const std::function<void(cudaStream_t)>& call) {
     return GraphPair(stream(), call).time(stream(), o_.warmup, o_.replays, [&](cudaStream_t s) { barrier(s); });
   }
@@ -575,7 +575,7 @@ class LlBench {
   // CallTiming::in_one_graph: kLlCallsPerGraph calls captured in one graph (they alternate the sets within
   // it, and an even number leaves the buffer's set counter as it was), each replay after before(stream),
   // events around its launch; per call, a replay's time divided by its calls. Each LL kernel is a
-  // programmatic dependent of the one before it (launch.hpp), so its CTAs start as that kernel's exit, as
+  // programmatic dependent of the one before it (launch.hpp), so its CTAs start as that kernel's CTAs exit, as
   // in a caller's decode graph, where the router and the expert GEMM come between them; the graph's
   // launch and the start after the barrier are shared by its calls.
   Timing time_in_one_graph(const std::function<void(cudaStream_t)>& call,
