@@ -252,37 +252,29 @@ Limits measure_limits(Team& team, KernelClock* kernel_clock) {
   });
   limits.hbm_copy_gbps = 2.0 * kBytes / (hbm.median_us * 1e-6) / 1e9;
 
-  // `kernels` empty kernels of the LL grid; a graph of them, launched once per timing after before(): the
-  // median per kernel.
-  const auto empty_kernels = [&](int kernels) {
-    return [&, kernels](cudaStream_t s) {
-      for (int i = 0; i < kernels; ++i) empty_kernel<<<c.sms, 512, 0, s>>>();
-    };
-  };
-  const auto empty_graph_us = [&](int kernels, const std::function<void(cudaStream_t)>& before) {
-    return time_graph(stream, 5, 100, empty_kernels(kernels), before).median_us / kernels;
-  };
+  // An empty kernel of the LL grid.
+  const auto empty = [&](cudaStream_t s) { empty_kernel<<<c.sms, 512, 0, s>>>(); };
   // A launch's kernel time where it is timed as the LL calls are (time_graph, 5 + 100 launches).
   const auto kernel_us = [&](const std::function<void(cudaStream_t)>& launch) {
     return graph_kernel_time(kernel_clock, stream, 5, 100, [&] { time_graph(stream, 5, 100, launch, barrier); })
         .median_us;
   };
-  // Ten kernels in one graph: the floor under any kernel in a stream of them (each launch overlaps the
-  // kernel before it).
-  limits.empty_graph_kernel_us = empty_graph_us(10, nothing);
   // One kernel per graph, after a team barrier, events around the launch: how ll_bench.cu times each LL
   // call, so the floor under each of them.
-  limits.one_kernel_graph_us = empty_graph_us(1, barrier);
-  limits.one_kernel_graph_kernel_us = kernel_us(empty_kernels(1));
+  limits.one_kernel_graph_us = time_graph(stream, 5, 100, empty, barrier).median_us;
+  limits.one_kernel_graph_kernel_us = kernel_us(empty);
   // The same graph launched back to back, events around each round of launches: how ll_bench.cu times the
   // LL calls in a row by default (kLlInARowRounds rounds of LlBenchOptions::replays), so the floor under
   // that column.
-  const GraphExec one_kernel = capture_graph(stream, empty_kernels(1));
+  const GraphExec one_kernel = capture_graph(stream, empty);
   launch_graph(one_kernel, stream);  // its first launch uploads it
   limits.one_kernel_graph_in_a_row_us =
       time_in_a_row(stream, kLlInARowRounds, LlBenchOptions{}.replays, barrier, [&](cudaStream_t s, int) {
         launch_graph(one_kernel, s);
       }).median_us;
+  // kLlCallsPerGraph empty kernels in one graph, each replay after a team barrier: how ll_bench.cu times the
+  // LL calls in one graph (each launch overlaps the kernel before it), so the floor under that column.
+  limits.one_kernel_in_one_graph_us = time_graph_per_call(stream, 5, 100, kLlCallsPerGraph, empty, barrier).median_us;
 
   if (team.size() >= 2 && !team.is_single_gpu()) {
     limits.measured_nvlink = true;

@@ -48,9 +48,9 @@ struct Limits {
   double nvlink_copy_engine_gbps = 0;       // cudaMemcpyAsync to the peer, every rank at once, per direction
   double flag_latency_us = 0;               // one way, rank 0 <-> rank 1 ping-pong of release stores
   double relaxed_word_latency_us = 0;       // the same with relaxed stores (as stamped data and the handshake go)
-  double empty_graph_kernel_us = 0;         // an empty kernel replayed from a CUDA graph (ten per graph)
   double one_kernel_graph_us = 0;           // a graph of one empty kernel, timed as the LL calls are
   double one_kernel_graph_in_a_row_us = 0;  // the same graph, timed as the LL calls in a row are
+  double one_kernel_in_one_graph_us = 0;    // an empty kernel's share of a graph of them, as the LL calls in one graph
   double one_kernel_graph_kernel_us = 0;    // its kernel time (KernelClock), as the LL rows' kernel_us; 0: not measured
   double hbm_copy_gbps = 0;                 // device-to-device copy, bytes read + written
   LoadRoundTrip load_private_ns;            // a word of cudaMalloc memory

@@ -580,14 +580,7 @@ class LlBench {
   // launch and the start after the barrier are shared by its calls.
   Timing time_in_one_graph(const std::function<void(cudaStream_t)>& call,
                            const std::function<void(cudaStream_t)>& before) {
-    const Timing replay = time_graph(
-        stream(), o_.warmup, o_.replays,
-        [&](cudaStream_t s) {
-          for (int i = 0; i < kLlCallsPerGraph; ++i) call(s);
-        },
-        before);
-    return Timing{replay.median_us / kLlCallsPerGraph, replay.min_us / kLlCallsPerGraph,
-                  replay.max_us / kLlCallsPerGraph};
+    return time_graph_per_call(stream(), o_.warmup, o_.replays, kLlCallsPerGraph, call, before);
   }
 
   // CallTiming::kernel: the call captured again and replayed as `launch` is (time_launch: each replay

@@ -344,7 +344,7 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .field("nvlink_copy_engine_gbps", limits.nvlink_copy_engine_gbps)
       .field("flag_latency_us", limits.flag_latency_us)
       .field("relaxed_word_latency_us", limits.relaxed_word_latency_us)
-      .field("empty_graph_kernel_us", limits.empty_graph_kernel_us)
+      .field("one_kernel_in_one_graph_us", limits.one_kernel_in_one_graph_us)
       .field("one_kernel_graph_us", limits.one_kernel_graph_us)
       .field("one_kernel_graph_in_a_row_us", limits.one_kernel_graph_in_a_row_us)
       .field("one_kernel_graph_kernel_us", limits.one_kernel_graph_kernel_us)
@@ -437,18 +437,18 @@ void print_ll_table(const LlBenchResult& ll, const Limits& l) {
               ll.tokens, ll.hidden, ll.topk, ll.experts, ll.rows.empty() ? 0 : ll.rows.front().sms);
   std::printf(
       "LL buffer %.1f MiB per rank (target <= %zu MB: %s); one-way flag latency %s us; timed as these calls: a "
-      "graph of one empty kernel %.2f us (in a row %.2f us; %.2f us each in a graph of ten), a launch storing "
+      "graph of one empty kernel %.2f us (in a row %.2f us; %.2f us each in one graph), a launch storing "
       "1 / 2 MiB of lines to the peer %s / %s us, a launch waiting for a word from the peer %s us (the ranks' start "
       "skew %s us)\n",
       mib, kLlBufferTargetBytes / 1000000, ll.buffer_bytes <= kLlBufferTargetBytes ? "met" : "MISSED",
       number_or_dash(l.flag_latency_us, "%.2f").c_str(), l.one_kernel_graph_us, l.one_kernel_graph_in_a_row_us,
-      l.empty_graph_kernel_us, number_or_dash(l.line_bursts[0].us, "%.2f").c_str(),
+      l.one_kernel_in_one_graph_us, number_or_dash(l.line_bursts[0].us, "%.2f").c_str(),
       number_or_dash(l.line_bursts[1].us, "%.2f").c_str(), number_or_dash(l.handshake.us, "%.2f").c_str(),
       l.measured_nvlink ? formatted(l.handshake.start_skew_us, "%.2f").c_str() : "-");
   std::printf(
       "time: the slowest rank's median of %d graph replays (one call each, after a team barrier); in a row: one call "
       "of %d replays back to back; 1 graph: one call of a graph of %d, replayed as time (its floor: "
-      "an empty kernel's share of a graph of ten, above); cold: as time, with other code run on every SM before "
+      "an empty kernel timed so, above); cold: as time, with other code run on every SM before "
       "each barrier; burst: a launch that only stores the call's NVLink bytes to the peer as lines, timed as time "
       "(from the two bursts "
       "above); kernel: the launches of time, from the call's first kernel's start to its last kernel's end on the GPU "
@@ -530,10 +530,10 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
     std::printf("%-44s %12s\n", "NVLink limits", "n/a: 1 GPU");
   }
   if (l.stamps_same_gpu.lines > 0) print_stamps(" (same GPU)", l.stamps_same_gpu);
-  std::printf("%-44s %9.2f us\n", "empty kernel from a CUDA graph", l.empty_graph_kernel_us);
   std::printf("%-44s %9.2f us\n", "graph of one empty kernel, timed as LL calls", l.one_kernel_graph_us);
   std::printf("%-44s %9.2f us\n", "the same, timed as LL calls in a row", l.one_kernel_graph_in_a_row_us);
   std::printf("%-44s %9s us\n", "  its kernel time", number_or_dash(l.one_kernel_graph_kernel_us, "%.2f").c_str());
+  std::printf("%-44s %9.2f us\n", "an empty kernel, timed as LL calls in one graph", l.one_kernel_in_one_graph_us);
   std::printf("%-44s %9.1f GB/s\n", "HBM device-to-device copy (read + write)", l.hbm_copy_gbps);
   if (ht != nullptr) {
     print_ht_table(*ht);

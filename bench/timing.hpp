@@ -90,6 +90,20 @@ inline Timing time_graph(cudaStream_t stream, int warmup, int repetitions,
   return time_on_stream(stream, warmup, repetitions, before, [&](cudaStream_t s) { launch_graph(exec, s); });
 }
 
+// `calls_per_graph` calls of call(stream) captured in one graph, timed as time_graph times it; per call, a
+// replay's time divided by calls_per_graph (the median replay's, the fastest's and the slowest's).
+inline Timing time_graph_per_call(cudaStream_t stream, int warmup, int repetitions, int calls_per_graph,
+                                  const std::function<void(cudaStream_t)>& call,
+                                  const std::function<void(cudaStream_t)>& before) {
+  const Timing replay = time_graph(
+      stream, warmup, repetitions,
+      [&](cudaStream_t s) {
+        for (int i = 0; i < calls_per_graph; ++i) call(s);
+      },
+      before);
+  return Timing{replay.median_us / calls_per_graph, replay.min_us / calls_per_graph, replay.max_us / calls_per_graph};
+}
+
 // `rounds` rounds, each after before(stream): events around `replays` calls of launch(stream, i), i = 0 ..
 // replays - 1, back to back (each launch overlapping the work before it, as in a stream of calls); per
 // launch, the round's time divided by `replays` (the median round's, the fastest's and the slowest's).

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/hold_stream.hpp"
+#include "bench/timing.hpp"
 #include "core/cuda_check.hpp"
 #include "epx/ll.hpp"
 #include "expect_error.hpp"
@@ -107,15 +108,12 @@ void calls_in_one_graph(const LlCase& c, Team& team, cudaStream_t stream) {
   const int rank = team.rank();
   Rig rig(c, team, kSets);
   const auto order_of = [](int set) { return set == 1 ? LlCombineOrder::naive : LlCombineOrder::local; };
-  cudaGraph_t graph;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  for (int set = 0; set < kSets; ++set) {
-    const LlDispatchResult d = rig.buffer.dispatch(rig.dispatch_args(set), Streams{stream});
-    rig.buffer.combine(rig.combine_args(set, d.handle, order_of(set)), Streams{stream});
-  }
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  const bench::GraphExec calls = bench::capture_graph(stream, [&](cudaStream_t s) {
+    for (int set = 0; set < kSets; ++set) {
+      const LlDispatchResult d = rig.buffer.dispatch(rig.dispatch_args(set), Streams{s});
+      rig.buffer.combine(rig.combine_args(set, d.handle, order_of(set)), Streams{s});
+    }
+  });
   for (int i = 0; i < kReplays && !::testing::Test::HasFailure(); ++i) {
     std::vector<LlExpected> x;
     for (int set = 0; set < kSets; ++set) {
@@ -123,7 +121,7 @@ void calls_in_one_graph(const LlCase& c, Team& team, cudaStream_t stream) {
       write_ll_inputs(c, x.back(), rank, rig.in[std::size_t(set)]);
       poison_ll_outputs(rig.out[std::size_t(set)], stream);
     }
-    submit_together([&] { ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess); });
+    submit_together([&] { bench::launch_graph(calls, stream); });
     sync_and_check_errors(rig.buffer, stream);
     for (int set = 0; set < kSets; ++set) {
       SCOPED_TRACE("replay " + std::to_string(i) + ", call " + std::to_string(set));
@@ -131,8 +129,6 @@ void calls_in_one_graph(const LlCase& c, Team& team, cudaStream_t stream) {
       check_ll_combine(c, x[std::size_t(set)], rank, rig.out[std::size_t(set)], order_of(set));
     }
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 // (2) 1000 dispatch + combine pairs: three input sets in turn, both combine orders on both buffer
