@@ -192,18 +192,13 @@ class HtBench {
     const int sms = buffer_.config().num_sms;
     const HtDispatchArgs cached = cached_args();
     const HtCombineArgs combine = combine_args();
+    const HtCombineArgs in_place = in_place_combine_args();
 
     const auto layout = [&](cudaStream_t s) { buffer_.get_layout(topk_idx(), layout_out_, HtStreams{s}); };
     // A dropped handle goes back to the buffer's pool (no free, no device synchronisation).
     const auto dispatch_bf16 = [&](cudaStream_t s) { buffer_.dispatch(bf16_args(), HtStreams{s}); };
     const auto dispatch_fp8 = [&](cudaStream_t s) { buffer_.dispatch(fp8_args(), HtStreams{s}); };
     const auto combine_bf16 = [&](cudaStream_t s) { buffer_.combine(combine, HtStreams{s}); };
-    // y already in the buffer's combine input (as an expert GEMM could write it): no copy.
-    HtCombineArgs in_place = combine;
-    in_place.y = buffer_.combine_input(num_recv_, o_.hidden);
-    check_cuda(cudaMemcpyAsync(in_place.y.data, combine.y.data, std::size_t(num_recv_) * o_.hidden * 2,
-                               cudaMemcpyDeviceToDevice, stream_.get()),
-               "cudaMemcpyAsync(y into the combine input)");
     const auto combine_zero_copy = [&](cudaStream_t s) { buffer_.combine(in_place, HtStreams{s}); };
     const auto dispatch_cached = [&](cudaStream_t s) { buffer_.dispatch(cached, HtStreams{s}); };
 
@@ -243,8 +238,8 @@ class HtBench {
   }
 
   // --trace: each dispatch form's phase trace (print_phase_trace), from the layout's start (the
-  // dispatch's for the cached form).
-  void trace_dispatch() {
+  // dispatch's for the cached form), then each combine form's, from its first kernel's start.
+  void trace_calls() {
     const HtDispatchArgs cached = cached_args();
     const std::pair<const char*, HtDispatchArgs> forms[] = {
         {"dispatch_bf16", bf16_args()}, {"dispatch_fp8", fp8_args()}, {"dispatch_cached", cached}};
@@ -254,6 +249,13 @@ class HtBench {
           args.cached ? transport::TracePoint::ht_dispatch_start : transport::TracePoint::ht_layout_start,
           [&] { before_call(stream()); }, [&] { buffer_.dispatch(args, HtStreams{stream()}); });
     }
+    const HtCombineArgs combine = combine_args(), in_place = in_place_combine_args();
+    print_phase_trace(
+        team_, stream(), "combine", transport::TracePoint::ht_copy_start, [&] { before_call(stream()); },
+        [&] { buffer_.combine(combine, HtStreams{stream()}); });
+    print_phase_trace(
+        team_, stream(), "combine_zero_copy", transport::TracePoint::ht_combine_start, [&] { before_call(stream()); },
+        [&] { buffer_.combine(in_place, HtStreams{stream()}); });
   }
 
   cudaStream_t stream() const { return stream_.get(); }
@@ -287,6 +289,17 @@ class HtBench {
     HtCombineArgs a;
     a.y = TensorRef::matrix(y_.get(), ScalarType::bf16, num_recv_, o_.hidden);
     a.handle = handle_;
+    return a;
+  }
+
+  // combine_args() with y copied into the buffer's combine input first (as an expert GEMM could write it
+  // there), so that combine reads it in place: no copy.
+  HtCombineArgs in_place_combine_args() {
+    HtCombineArgs a = combine_args();
+    a.y = buffer_.combine_input(num_recv_, o_.hidden);
+    check_cuda(
+        cudaMemcpyAsync(a.y.data, y_.get(), std::size_t(num_recv_) * o_.hidden * 2, cudaMemcpyDeviceToDevice, stream()),
+        "cudaMemcpyAsync(y into the combine input)");
     return a;
   }
 
@@ -467,7 +480,7 @@ HtBenchResult run_ht_bench(Team& team, const HtBenchOptions& options) {
   result.repetitions = options.repetitions;
   result.buffer_bytes = bench.buffer_bytes();
   result.rows = gather(team, bench.stream(), bench.time_ops(options.repetitions, true));
-  if (options.trace) bench.trace_dispatch();  // before tune(), which leaves the last num_sms it tried
+  if (options.trace) bench.trace_calls();  // before tune(), which leaves the last num_sms it tried
   if (options.tune) {
     if (team.rank() == 0) {
       std::printf("HT: tuning num_sms (each setting checked against the outputs above)...\n");

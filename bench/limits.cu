@@ -10,6 +10,7 @@
 #include "bench/team_sync.hpp"
 #include "bench/timing.hpp"
 #include "core/cuda_check.hpp"
+#include "kernels/common/bulk_copy.cuh"
 #include "kernels/ll/protocol.cuh"
 #include "transport/device/wait.cuh"
 #include "transport/team_impl.hpp"
@@ -82,6 +83,51 @@ __global__ void __launch_bounds__(512) line_pull(const uint4* src, int items, ui
     for (int k = 0; k < kBurstItemInstructions; ++k) v[k] = kernels::ll::load_vector(src + burst_vector(i, k));
 #pragma unroll
     for (int k = 0; k < kBurstItemInstructions; ++k) folded ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  }
+  if (folded == never) sink[threadIdx.x] = folded;
+}
+
+// The HT combine's way of reading a peer (src/kernels/ht/combine.cu), alone: `pieces` pieces of
+// kPullPieceBytes from `src` (the next rank's memory), dealt to the warps in turn; each warp's lane 0
+// keeps kPullSlots - 1 of its pieces loading by bulk loads into its own slots, and the lanes fold each
+// piece that lands into a word, stored only if it matches `never` (so that no load is dropped). As in the
+// combine, lane 0 reloads a slot only after __syncwarp has followed every lane's reads of it, and a proxy
+// fence orders those reads before the copy engine's writes. Unlike it, every piece is remote: this is
+// what the combine's grid could pull if it had nothing else to do.
+constexpr int kPullWarps = 20, kPullSlots = 5, kPullPieceBytes = 2048;
+constexpr int kPullStageBytes = kPullWarps * kPullSlots * kPullPieceBytes;
+
+__global__ void __launch_bounds__(kPullWarps* kernels::kWarp, 1)
+    bulk_pull(TeamView team, const uint8_t* src, std::size_t pieces, uint32_t never, uint32_t* sink) {
+  extern __shared__ __align__(128) uint8_t pull_stage[];  // [warp][slot][kPullPieceBytes]
+  __shared__ uint64_t landed_of[kPullWarps][kPullSlots];  // mbarriers: a slot's piece has landed
+  const int warp = threadIdx.x / kernels::kWarp, lane = threadIdx.x % kernels::kWarp;
+  uint64_t* landed = landed_of[warp];
+  uint8_t* slots = pull_stage + warp * kPullSlots * kPullPieceBytes;
+  if (lane == 0) {
+    for (int s = 0; s < kPullSlots; ++s) kernels::mbarrier_init(&landed[s], 1);
+  }
+  __syncwarp();
+  const std::size_t first = std::size_t(blockIdx.x) * kPullWarps + warp, stride = std::size_t(gridDim.x) * kPullWarps;
+  const std::size_t mine = first < pieces ? (pieces - first + stride - 1) / stride : 0;
+  const auto start = [&](std::size_t k) {  // lane 0: my piece k into slot k % kPullSlots
+    if (lane != 0 || k >= mine) return;
+    uint64_t* bar = &landed[k % kPullSlots];
+    kernels::fence_async_shared();
+    kernels::mbarrier_expect_bytes(bar, kPullPieceBytes);
+    kernels::bulk_load(slots + (k % kPullSlots) * kPullPieceBytes, src + (first + k * stride) * kPullPieceBytes,
+                       kPullPieceBytes, bar);
+  };
+  for (int k = 0; k < kPullSlots - 1; ++k) start(k);
+  uint32_t folded = 0;
+  for (std::size_t k = 0; k < mine; ++k) {
+    __syncwarp();  // every lane has read piece k - 1: its slot may be reloaded
+    start(k + kPullSlots - 1);
+    const transport::WaitSite site{transport::WaitPhase::test_signal, -1, uint32_t(k)};
+    if (!__all_sync(~0u, kernels::mbarrier_wait(team, &landed[k % kPullSlots], uint32_t(k / kPullSlots) & 1u, site)))
+      return;
+    const uint4* piece = reinterpret_cast<const uint4*>(slots + (k % kPullSlots) * kPullPieceBytes);
+    for (int v = lane; v < kPullPieceBytes / 16; v += kernels::kWarp) folded ^= piece[v].x ^ piece[v].w;
   }
   if (folded == never) sink[threadIdx.x] = folded;
 }
@@ -312,6 +358,48 @@ Limits measure_limits(Team& team, KernelClock* kernel_clock) {
     limits.data_checked = bad_host == 0;
     if (bad_host != 0)
       detail::fail(ErrorKind::internal, "NVLink limit test: " + std::to_string(bad_host) + " words arrived wrong");
+
+    // After the check above: these overwrite the inbox.
+    // Pulled by bulk loads (bulk_pull) into 16 CTAs and into one per SM, every rank from the next at once;
+    // then 16 CTAs pulling half the bytes while the copy engine stores the other half into the next rank
+    // (a side stream forked and joined by events), the two sharing each direction of the link.
+    detail::allow_dynamic_shared_memory(reinterpret_cast<const void*>(bulk_pull), kPullStageBytes,
+                                        "cudaFuncSetAttribute(bulk_pull)");
+    auto* pulled = static_cast<const uint8_t*>(inbox.peer(next));
+    auto* sink = static_cast<uint32_t*>(inbox.local());  // written only if a fold matches `never`
+    const auto pull = [&](cudaStream_t s, int blocks, std::size_t bytes) {
+      bulk_pull<<<blocks, kPullWarps * kernels::kWarp, kPullStageBytes, s>>>(c.view, pulled, bytes / kPullPieceBytes,
+                                                                             0x9e3779b9u, sink);
+      detail::check_launch("bulk_pull");
+    };
+    const auto pull_gbps = [&](int blocks) {
+      return per_direction_gbps(
+          time_on_stream(stream, 3, 20, barrier, [&](cudaStream_t s) { pull(s, blocks, kBytes); }).median_us);
+    };
+    limits.nvlink_pull_gbps = pull_gbps(c.sms);
+    limits.nvlink_pull_16_blocks_gbps = pull_gbps(16);
+    cudaStream_t side;
+    check_cuda(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    cudaEvent_t forked, joined;
+    check_cuda(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&joined, cudaEventDisableTiming), "cudaEventCreate");
+    const Timing shared = time_on_stream(stream, 3, 20, barrier, [&](cudaStream_t s) {
+      check_cuda(cudaEventRecord(forked, s), "cudaEventRecord");
+      check_cuda(cudaStreamWaitEvent(side, forked, 0), "cudaStreamWaitEvent");
+      // The upper half of the inbox: the pull reads the lower half of the next rank's.
+      check_cuda(
+          cudaMemcpyAsync(static_cast<uint8_t*>(inbox.peer(next)) + kBytes / 2,
+                          static_cast<const uint8_t*>(source) + kBytes / 2, kBytes / 2, cudaMemcpyDeviceToDevice, side),
+          "cudaMemcpyAsync(peer)");
+      check_cuda(cudaEventRecord(joined, side), "cudaEventRecord");
+      pull(s, 16, kBytes / 2);
+      check_cuda(cudaStreamWaitEvent(s, joined, 0), "cudaStreamWaitEvent");
+    });
+    limits.nvlink_pull_16_blocks_beside_copy_engine_gbps = per_direction_gbps(shared.median_us);
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    cudaEventDestroy(forked);
+    cudaEventDestroy(joined);
+    cudaStreamDestroy(side);
 
     limits.stamps = probe_stamped_stores(team, StampPath::nvlink);
     limits.stamps_pulled = probe_stamped_stores(team, StampPath::pulled);

@@ -45,7 +45,12 @@ struct Limits {
   double nvlink_sm_store_gbps = 0;  // 16-byte stores, every rank writing to the next at once, per direction
   int nvlink_sm_store_blocks = 0;   // CTAs used for that
   double nvlink_sm_store_16_blocks_gbps = 0;
-  double nvlink_copy_engine_gbps = 0;       // cudaMemcpyAsync to the peer, every rank at once, per direction
+  double nvlink_copy_engine_gbps = 0;     // cudaMemcpyAsync to the peer, every rank at once, per direction
+  double nvlink_pull_gbps = 0;            // bulk loads from the next rank into one CTA per SM (as the HT combine
+                                          // pulls), every rank at once, per direction
+  double nvlink_pull_16_blocks_gbps = 0;  // the same into 16 CTAs
+  // Both at once, half the bytes each: 16 CTAs pulling and the copy engine storing to the next rank.
+  double nvlink_pull_16_blocks_beside_copy_engine_gbps = 0;
   double flag_latency_us = 0;               // one way, rank 0 <-> rank 1 ping-pong of release stores
   double relaxed_word_latency_us = 0;       // the same with relaxed stores (as stamped data and the handshake go)
   double one_kernel_graph_us = 0;           // a graph of one empty kernel, timed as the LL calls are

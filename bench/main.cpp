@@ -51,7 +51,7 @@ void usage() {
       "  --ht-sms: HtConfig::num_sms (default the library's). --ht-tune: then times dispatch BF16/FP8\n"
       "  and combine per num_sms (8..32, %d repetitions each), each setting's outputs compared with the\n"
       "  checked ones, and adds ht_tuning and ht_best_sms to FILE. --trace (a build with cmake\n"
-      "  -DEPX_PHASE_TRACE=ON only): then prints the phase traces per rank (HT dispatch, LL dispatch and combine).\n"
+      "  -DEPX_PHASE_TRACE=ON only): then prints the phase traces per rank (HT and LL dispatch and combine).\n"
       "  LL: dispatch FP8/BF16, combine (local and naive order; local_cw: local with the weights given to\n"
       "  combine, as DeepEP's API gives them) and dispatch + combine, T tokens per rank\n"
       "  (--ll-tokens, default %d; also the buffer's T_max), each one call captured in a CUDA graph and\n"
@@ -342,6 +342,9 @@ void write_json(const Args& args, int ranks, const Limits& limits, const HtBench
       .field("nvlink_sm_store_blocks", limits.nvlink_sm_store_blocks)
       .field("nvlink_sm_store_16_blocks_gbps", limits.nvlink_sm_store_16_blocks_gbps)
       .field("nvlink_copy_engine_gbps", limits.nvlink_copy_engine_gbps)
+      .field("nvlink_pull_gbps", limits.nvlink_pull_gbps)
+      .field("nvlink_pull_16_blocks_gbps", limits.nvlink_pull_16_blocks_gbps)
+      .field("nvlink_pull_16_blocks_beside_copy_engine_gbps", limits.nvlink_pull_16_blocks_beside_copy_engine_gbps)
       .field("flag_latency_us", limits.flag_latency_us)
       .field("relaxed_word_latency_us", limits.relaxed_word_latency_us)
       .field("one_kernel_in_one_graph_us", limits.one_kernel_in_one_graph_us)
@@ -501,6 +504,12 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
                 l.nvlink_sm_store_gbps);
     std::printf("%-44s %9.1f GB/s\n", "NVLink SM stores, per direction (16 CTAs)", l.nvlink_sm_store_16_blocks_gbps);
     std::printf("%-44s %9.1f GB/s\n", "NVLink copy engine, per direction", l.nvlink_copy_engine_gbps);
+    std::printf("%-44s %9.1f GB/s\n",
+                ("NVLink pulled by bulk loads (" + std::to_string(l.nvlink_sm_store_blocks) + " CTAs)").c_str(),
+                l.nvlink_pull_gbps);
+    std::printf("%-44s %9.1f GB/s\n", "NVLink pulled by bulk loads (16 CTAs)", l.nvlink_pull_16_blocks_gbps);
+    std::printf("%-44s %9.1f GB/s\n", "  half that, half by the copy engine",
+                l.nvlink_pull_16_blocks_beside_copy_engine_gbps);
     for (const LineBurst& b : l.line_bursts) {
       std::printf("%-44s %9.2f us\n",
                   (std::to_string(b.bytes >> 20) + " MiB of lines to the next rank, as LL calls").c_str(), b.us);

@@ -59,6 +59,7 @@
 #include "kernels/ht/copy.cuh"
 #include "kernels/ht/launch.hpp"
 #include "kernels/ht/protocol.cuh"
+#include "transport/device/phase_trace.hpp"
 #include "transport/device/wait.cuh"
 
 namespace epx::kernels::ht {
@@ -272,8 +273,10 @@ struct PieceLoader {
     const int64_t g = (row - block_begin) / core::kCombineCopyRows;
     bool ok = true;
     if (lane == 0) {
+      const bool first_wait = ready_until[r] == 0;
       ok = wait_for_stamp(b.team, b.combine_progress_of(me, r, int(g % K)), seq, uint32_t(g / K + 1),
                           transport::WaitSite{transport::WaitPhase::ht_combine_ready, r, uint32_t(row - block_begin)});
+      if (first_wait) transport::trace<transport::TracePoint::ht_combine_first_ready>(b.team);
     }
     if (!__shfl_sync(~0u, ok, 0)) return false;
     // Lane l reads copy CTA l's word (no later call's value can be there: see the protocol). Groups
@@ -328,6 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   __shared__ uint64_t landed_of[kWarpsPerCta][kSlots];          // mbarriers: a slot's piece has landed
   __shared__ TokenRows loading_of[kWarpsPerCta];                // the rows of the token being loaded
   __shared__ uint32_t ready_until_of[kWarpsPerCta][kMaxRanks];  // see PieceLoader::ready_until
+  if (lane == 0) transport::trace<transport::TracePoint::ht_combine_start>(b.team);
   uint64_t* landed = landed_of[warp];
   uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kCombineDone;
   const uint64_t seq = *sequence + 1;
@@ -376,6 +380,8 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
         const int4* piece = reinterpret_cast<const int4*>(loader.slots + slot * kPieceBytes);
 #pragma unroll
         for (int u = 0; u < kVectorsPerLane; ++u) accumulate(acc[u], piece[u * kWarp + lane]);
+        if (i == 0 && offset == 0 && j == 0 && lane == 0)
+          transport::trace<transport::TracePoint::ht_combine_first_added>(b.team);
       }
       if (!ok) break;
       write_chunk(acc, out_row, bias_rows, offset / 16, min(kPieceBytes, row_bytes - offset) / 16);
@@ -383,12 +389,17 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
     if (ok && a.out_weights != nullptr && lane < a.topk) a.out_weights[t * a.topk + lane] = sum_weights(a, t, lane);
   }
 
+  if (lane == 0) transport::trace<transport::TracePoint::ht_combine_last_added>(b.team);
+
   // The last CTA stores sequence = seq only once every rank is done: the copy kernel's CTAs read the old
   // value too, and each one that signals does so before the home rank reading its rows can be done.
-  if (signal_done(b, core::kCombineDone, seq, a.blocks_done) &&
-      wait_for_every_cta(b, core::kCombineDone, seq, transport::WaitPhase::ht_combine_done) && threadIdx.x == 0) {
+  const bool last = signal_done(b, core::kCombineDone, seq, a.blocks_done);
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_combine_signalled>(b.team);
+  if (last && wait_for_every_cta(b, core::kCombineDone, seq, transport::WaitPhase::ht_combine_done) &&
+      threadIdx.x == 0) {
     *sequence = seq;
   }
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_combine_end>(b.team);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "kernels/common/grid.cuh"
 #include "kernels/ht/copy.cuh"
 #include "kernels/ht/launch.hpp"
+#include "transport/device/phase_trace.hpp"
 
 namespace epx::kernels::ht {
 namespace {
@@ -60,6 +61,7 @@ __global__ void __launch_bounds__(kThreads) stage_combine_input_kernel(CombineAr
   const int R = b.team.nranks, me = b.team.rank;
   const int h = int(blockIdx.x) / core::kCombineCopyCtas, l = int(blockIdx.x) % core::kCombineCopyCtas;
   const int s = h < me ? h : h + 1;  // the home rank
+  if (threadIdx.x % kWarp == 0) transport::trace<transport::TracePoint::ht_copy_start>(b.team);
   const uint64_t seq = b.at<uint64_t>(me, b.sequence)[core::kCombineDone] + 1;
   allow_dependent_launch();  // the combine kernel may start now (seq is read: see the protocol)
   // s's block, bounded by the rows of y whatever the handle holds.
@@ -70,8 +72,12 @@ __global__ void __launch_bounds__(kThreads) stage_combine_input_kernel(CombineAr
     const int64_t row = first + g * core::kCombineCopyRows + threadIdx.x / kWarp;
     if (row < end) copy_row(a, row, copy_y, copy_weights);
     __syncthreads();  // every warp's stores of the group, before its signal
-    if (threadIdx.x == 0) transport::store_release_sys(b.combine_progress_of(s, me, l), core::stamped(seq, ++done));
+    if (threadIdx.x == 0) {
+      transport::store_release_sys(b.combine_progress_of(s, me, l), core::stamped(seq, ++done));
+      if (done == 1) transport::trace<transport::TracePoint::ht_copy_first_group>(b.team);
+    }
   }
+  if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_copy_end>(b.team);
 }
 
 }  // namespace

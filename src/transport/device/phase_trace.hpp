@@ -35,6 +35,15 @@ enum class TracePoint : int {
   ht_dispatch_stores_done,   // every warp's stores are done
   ht_dispatch_signalled,     // every CTA has signalled the peers and counted itself (the last CTA's stamp)
   ht_dispatch_end,           // every peer's rows are here
+  ht_copy_start,             // HT combine's copy of y: its first CTA has started
+  ht_copy_first_group,       // every copy CTA has signalled its first group of rows
+  ht_copy_end,               // every copy CTA has signalled its last group
+  ht_combine_start,          // HT combine: its first CTA has started
+  ht_combine_first_ready,    // every warp's first wait for another rank's rows is over
+  ht_combine_first_added,    // every warp has added its first piece
+  ht_combine_last_added,     // every warp has written its last chunk
+  ht_combine_signalled,      // every CTA has signalled every rank that it is done reading
+  ht_combine_end,            // every CTA is done (the last one after every rank's signals)
   ll_dispatch_start,   // LL dispatch (a launch with the sends, the receive step or both): its first CTA has started
   ll_dispatch_loaded,  // every warp whose first work is a send item has loaded it (FP8: and cast it)
   ll_dispatch_staged,  // every CTA has staged the top-k table
@@ -89,6 +98,15 @@ inline constexpr TracePointInfo kTracePointInfo[] = {
     {"dispatch_stores_done", false},
     {"dispatch_signalled", false},
     {"dispatch_end", false},
+    {"copy_start", true},
+    {"copy_first_group", false},
+    {"copy_end", false},
+    {"combine_start", true},
+    {"combine_first_ready", false},
+    {"combine_first_added", false},
+    {"combine_last_added", false},
+    {"combine_signalled", false},
+    {"combine_end", false},
     {"ll_start", true},
     {"ll_loaded", false},
     {"ll_staged", false},
