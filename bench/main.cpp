@@ -508,7 +508,7 @@ void print_table(int ranks, const Limits& l, const HtBenchResult* ht, const LlBe
                 ("NVLink pulled by bulk loads (" + std::to_string(l.nvlink_sm_store_blocks) + " CTAs)").c_str(),
                 l.nvlink_pull_gbps);
     std::printf("%-44s %9.1f GB/s\n", "NVLink pulled by bulk loads (16 CTAs)", l.nvlink_pull_16_blocks_gbps);
-    std::printf("%-44s %9.1f GB/s\n", "  half that, half by the copy engine",
+    std::printf("%-44s %9.1f GB/s\n", "  pull (16 CTAs) beside the copy engine",
                 l.nvlink_pull_16_blocks_beside_copy_engine_gbps);
     for (const LineBurst& b : l.line_bursts) {
       std::printf("%-44s %9.2f us\n",

@@ -39,7 +39,8 @@ enum class TracePoint : int {
   ht_copy_first_group,       // every copy CTA has signalled its first group of rows
   ht_copy_end,               // every copy CTA has signalled its last group
   ht_combine_start,          // HT combine: its first CTA has started
-  ht_combine_first_ready,    // every warp's first wait for another rank's rows is over
+  ht_combine_first_ready,    // every warp's first wait for another rank's rows is over (a wait while the warp knew
+                             // of none of them; with the copy, a warp may wait so twice when copy CTA 0 lags)
   ht_combine_first_added,    // every warp has added its first piece
   ht_combine_last_added,     // every warp has written its last chunk
   ht_combine_signalled,      // every CTA has signalled every rank that it is done reading
