@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "bench/device_data.hpp"
 #include "bench/ll_bench.hpp"
 #include "bench/team_sync.hpp"
 #include "bench/timing.hpp"
@@ -378,8 +379,8 @@ Limits measure_limits(Team& team, KernelClock* kernel_clock) {
     };
     limits.nvlink_pull_gbps = pull_gbps(c.sms);
     limits.nvlink_pull_16_blocks_gbps = pull_gbps(16);
-    cudaStream_t side;
-    check_cuda(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    const Stream side_stream = new_stream();
+    cudaStream_t side = side_stream.get();
     cudaEvent_t forked, joined;
     check_cuda(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventCreateWithFlags(&joined, cudaEventDisableTiming), "cudaEventCreate");
@@ -396,10 +397,8 @@ Limits measure_limits(Team& team, KernelClock* kernel_clock) {
       check_cuda(cudaStreamWaitEvent(s, joined, 0), "cudaStreamWaitEvent");
     });
     limits.nvlink_pull_16_blocks_beside_copy_engine_gbps = per_direction_gbps(shared.median_us);
-    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    cudaEventDestroy(forked);
+    cudaEventDestroy(forked);  // time_on_stream synchronised the stream, which waited for the side's work
     cudaEventDestroy(joined);
-    cudaStreamDestroy(side);
 
     limits.stamps = probe_stamped_stores(team, StampPath::nvlink);
     limits.stamps_pulled = probe_stamped_stores(team, StampPath::pulled);
