@@ -56,6 +56,7 @@ struct HtBuffer::Impl {
     uint32_t dispatch_blocks_done;
     uint32_t dispatch_tokens_claimed;
     uint32_t combine_blocks_done;
+    uint32_t combine_tokens_claimed;
   };
   static_assert(sizeof(Counters) % 16 == 0, "the layout scratch follows the counters, 16-byte aligned");
   Counters* counters = nullptr;
@@ -603,6 +604,7 @@ HtCombineResult HtBuffer::combine(const HtCombineArgs& args, const HtStreams& st
   c.topk = handle.topk;
   c.hidden = int32_t(H);
   c.blocks_done = &im.counters->combine_blocks_done;
+  c.tokens_claimed = &im.counters->combine_tokens_claimed;
   // The peers read y (and the weights) from the buffer's combine input: the copy kernel copies the rows
   // they read there while they pull (the combine kernel starts beside it), unless the caller already
   // wrote them in place (combine_input()), or there are no peers. Without the copy kernel, the combine

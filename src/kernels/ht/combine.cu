@@ -16,6 +16,10 @@
 // token (gather_rows), a chunk's stores are predicated, and the slot and phase are counted, not divided.
 // Lane 0 of each warp starts its own loads: a warp's bulk copies issue one after another, each waiting on
 // its operands, so twenty warps overlap that latency where fewer loader warps did not.
+// Work split: each warp's first two tokens are static (consecutive tokens on consecutive CTAs); after
+// them it claims the next unclaimed token from a private counter, so warps that pull faster take more
+// tokens and the warps' last pieces land together (with a static split they spread over ~5 us: the
+// warps' rates differ). The counter is reset by the last CTA (signal_done), after every claim.
 //
 // Protocol (done words of core::HtFlag):
 //   * Every CTA computes seq = sequence[kCombineDone] + 1; the last CTA stores it once every home rank
@@ -72,6 +76,8 @@ constexpr int kVectorsPerPiece = kPieceBytes / 16;                // 16-byte vec
 constexpr int kVectorsPerLane = kVectorsPerPiece / kWarp;         // those a lane adds
 constexpr int kSlots = 5;                                         // piece buffers per warp
 constexpr int kStageBytes = kWarpsPerCta * kSlots * kPieceBytes;  // 200 KiB of dynamic shared memory
+constexpr int kTokenRing = 8;  // a warp's tokens from the loader's to the adder's: the loader runs < kSlots ahead
+static_assert(kTokenRing > kSlots, "every token between the adder's and the loader's fits the ring");
 constexpr int kMaxRanks = kMaxNvlinkRanks;
 
 // The ranks holding a row of one token, ascending: where each row starts (this rank's own row in the
@@ -86,7 +92,8 @@ struct TokenRows {
 // ready_until (the kernel's arrays), within the 227 KiB a CTA may have on Hopper, with room for the
 // protocol's few flags.
 static_assert(kStageBytes +
-                      kWarpsPerCta * (kSlots * sizeof(uint64_t) + sizeof(TokenRows) + kMaxRanks * sizeof(uint32_t)) +
+                      kWarpsPerCta * (kSlots * sizeof(uint64_t) + sizeof(TokenRows) + kMaxRanks * sizeof(uint32_t) +
+                                      kTokenRing * sizeof(int32_t)) +
                       256 <=
                   227 * 1024,
               "the combine's shared memory exceeds what a CTA may have");
@@ -191,6 +198,28 @@ __device__ float sum_weights(const CombineArgs& a, int64_t t, int k) {
   return w;
 }
 
+// Lanes below topk write token t's weights, if the caller asked for them.
+__device__ void write_weights(const CombineArgs& a, int64_t t) {
+  const int lane = threadIdx.x % kWarp;
+  if (a.out_weights != nullptr && lane < a.topk) a.out_weights[t * a.topk + lane] = sum_weights(a, t, lane);
+}
+
+// The whole warp writes token t, which no rank holds a row of: its biases alone (zeros without), weights 0.
+// A vector at a time: the adder's sums are live beside it (it runs in the loader, on the pull's path).
+__device__ void write_token_without_rows(const CombineArgs& a, int64_t t) {
+  const int4* const bias_rows[2] = {bias_row(a.bias[0], t), bias_row(a.bias[1], t)};
+  int4* out = reinterpret_cast<int4*>(a.out + t * a.hidden);
+  for (int v = threadIdx.x % kWarp; v < a.hidden / 8; v += kWarp) {
+    float acc[8] = {};
+    for (const int4* row : bias_rows) {
+      if (row != nullptr) accumulate(acc, load_stream(row + v));
+    }
+    const uint4 packed = to_bf16(acc);
+    out[v] = reinterpret_cast<const int4&>(packed);
+  }
+  write_weights(a, t);
+}
+
 // Which slot a warp's next piece goes to, and the phase of that slot's mbarrier it completes: piece k
 // goes to slot k % kSlots, phase (k / kSlots) & 1, counted as it goes instead of divided out per piece.
 struct SlotCursor {
@@ -201,17 +230,6 @@ struct SlotCursor {
     slot = 0;
     phase ^= 1u;
   }
-};
-
-// A warp's tokens are first, first + stride, ... (count of them). Consecutive tokens go to consecutive
-// CTAs, so a last round of fewer tokens than warps is spread over every SM.
-struct WarpTokens {
-  int first, stride, count;
-  __device__ WarpTokens(int num_tokens, int warp)
-      : first(warp * gridDim.x + blockIdx.x),
-        stride(gridDim.x * kWarpsPerCta),
-        count(first < num_tokens ? (num_tokens - first + stride - 1) / stride : 0) {}
-  __device__ int64_t token(int i) const { return first + int64_t(i) * stride; }
 };
 
 // The caller wrote the combine input in place (no copy kernel): CTA 0 tells every home rank that all
@@ -227,38 +245,55 @@ __device__ void signal_every_group(const BufferView& b, uint64_t seq) {
   }
 }
 
-// The next piece a warp loads: its token i (rows gathered in `rows`, n of them), which of the token's
-// rows, and the byte offset in it. Every lane holds the same copy; lane 0 starts the loads.
+// The next piece a warp loads: of its token (rows gathered in `rows`, n of them; tokens[taken - 1]),
+// which of the token's rows, and the byte offset in it. Every lane holds the same copy; lane 0 starts
+// the loads and claims the tokens (see the work split).
 struct PieceLoader {
   const CombineArgs& a;
-  const WarpTokens& tokens;
   TokenRows& rows;
   uint8_t* slots;
   uint64_t* landed;       // [kSlots] mbarriers
   uint32_t* ready_until;  // [R]: rank r's combine input holds my block's rows below ready_until[r]
+  int32_t* tokens;        // [kTokenRing]: the warp's k-th token with rows is tokens[k % kTokenRing]
   int R, row_bytes;
   uint64_t seq;
-  PerRank begin;                            // send_begin
-  PerRank next_pos = {};                    // the positions of token i, loaded while the token before it loads
-  int i = 0, n = 0, offset = 0, index = 0;  // token i, its n rows; the next piece: from byte offset of row index
-  SlotCursor next;                          // where the next piece started goes
+  PerRank begin;                                // send_begin
+  PerRank next_pos = {};                        // the positions of token `upcoming`, loading
+  int upcoming = 0, claimed = 0;                // the warp's next token (T: none); lane 0: the one after it
+  int taken = 0, n = 0, offset = 0, index = 0;  // tokens taken so far; the next piece: from byte offset of row index
+  SlotCursor next;                              // where the next piece started goes
 
-  // Loads the first token's positions and moves to the first token some rank holds a row of.
+  // The warp's first token's positions load, and it moves to the first token some rank holds a row of.
   __device__ void start() {
-    if (tokens.count > 0) next_pos = load_positions(a, R, tokens.token(0));
+    const int T = a.num_tokens, stride = gridDim.x * kWarpsPerCta, first = (threadIdx.x / kWarp) * gridDim.x + blockIdx.x;
+    upcoming = min(first, T);
+    claimed = first + stride;  // the second is static too: no claim's latency at the start
+    if (upcoming < T) next_pos = load_positions(a, R, upcoming);
     find_token();
   }
 
-  // Moves to the first token from i on that some rank holds a row of (i == count: none left), and
-  // starts loading the positions of the token after it (dependent loads there stalled the warp's
-  // whole pipeline once a token).
+  // Moves to the warp's next token that some rank holds a row of (writing those no rank does: they
+  // have no pieces), takes it (tokens[taken++]), and starts loading the positions of the token after it
+  // and claiming the one after that: their latencies hide behind the token's pieces (dependent loads
+  // there stalled the warp's whole pipeline once a token). Without one, taken stays.
   __device__ void find_token() {
-    for (; i < tokens.count; ++i) {
+    const int T = a.num_tokens;
+    while (upcoming < T) {
+      const int t = upcoming;
       const PerRank pos = next_pos;
-      if (i + 1 < tokens.count) next_pos = load_positions(a, R, tokens.token(i + 1));
+      upcoming = min(__shfl_sync(0xffffffffu, claimed, 0), T);
+      if (upcoming < T) {
+        next_pos = load_positions(a, R, upcoming);
+        if (threadIdx.x % kWarp == 0) claimed = 2 * gridDim.x * kWarpsPerCta + int(atomicAdd(a.tokens_claimed, 1u));
+      }
       n = gather_rows(a, pos, begin, rows);
-      if (n > 0) return;
+      if (n > 0) {
+        tokens[taken++ % kTokenRing] = t;  // every lane the same value: each reads back its own store
+        return;
+      }
+      write_token_without_rows(a, t);
     }
+    n = 0;
   }
 
   // The whole warp: waits until rank r's combine input holds `row` of my block, then takes the prefix
@@ -298,7 +333,7 @@ struct PieceLoader {
   // has added: see the protocol), the first piece of another rank's row once that rank's copy holds
   // it; then every lane moves on to the piece after it. Returns false on every lane when a wait failed.
   __device__ bool start_next() {
-    if (i >= tokens.count) return true;
+    if (n == 0) return true;  // no token left
     if (offset == 0) {  // a row's first piece
       const int r = rows.rank[index];
       const int64_t row = rows.row[index];
@@ -317,7 +352,6 @@ struct PieceLoader {
     offset += kPieceBytes;
     if (offset < row_bytes) return true;
     offset = 0;
-    ++i;
     find_token();
     return true;
   }
@@ -331,6 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   __shared__ uint64_t landed_of[kWarpsPerCta][kSlots];          // mbarriers: a slot's piece has landed
   __shared__ TokenRows loading_of[kWarpsPerCta];                // the rows of the token being loaded
   __shared__ uint32_t ready_until_of[kWarpsPerCta][kMaxRanks];  // see PieceLoader::ready_until
+  __shared__ int32_t tokens_of[kWarpsPerCta][kTokenRing];         // see PieceLoader::tokens
   if (lane == 0) transport::trace<transport::TracePoint::ht_combine_start>(b.team);
   uint64_t* landed = landed_of[warp];
   uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kCombineDone;
@@ -343,14 +378,13 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   __syncthreads();  // the barriers and ready_until are initialised
 
   const int row_bytes = 2 * a.hidden;
-  const WarpTokens tokens(a.num_tokens, warp);
   const PerRank begin = load_per_rank(a.handle.send_begin, R);
   PieceLoader loader{a,
-                     tokens,
                      loading_of[warp],
                      stage_memory + warp * kSlots * kPieceBytes,
                      landed,
                      ready_until_of[warp],
+                     tokens_of[warp],
                      R,
                      row_bytes,
                      seq,
@@ -359,8 +393,8 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   loader.start();
   for (int k = 0; ok && k < kSlots - 1; ++k) ok = loader.start_next();
   SlotCursor adding;  // where the next piece added lies
-  for (int i = 0; ok && i < tokens.count; ++i) {
-    const int64_t t = tokens.token(i);
+  for (int i = 0; ok && i < loader.taken; ++i) {  // the loader takes each token before its pieces start
+    const int64_t t = loader.tokens[i % kTokenRing];
     const int n = count_rows(load_positions(a, R, t));  // the loader read them: in L1
     int4* out_row = reinterpret_cast<int4*>(a.out + t * a.hidden);
     const int4* const bias_rows[2] = {bias_row(a.bias[0], t), bias_row(a.bias[1], t)};
@@ -386,14 +420,14 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
       if (!ok) break;
       write_chunk(acc, out_row, bias_rows, offset / 16, min(kPieceBytes, row_bytes - offset) / 16);
     }
-    if (ok && a.out_weights != nullptr && lane < a.topk) a.out_weights[t * a.topk + lane] = sum_weights(a, t, lane);
+    if (ok) write_weights(a, t);
   }
 
   if (lane == 0) transport::trace<transport::TracePoint::ht_combine_last_added>(b.team);
 
   // The last CTA stores sequence = seq only once every rank is done: the copy kernel's CTAs read the old
   // value too, and each one that signals does so before the home rank reading its rows can be done.
-  const bool last = signal_done(b, core::kCombineDone, seq, a.blocks_done);
+  const bool last = signal_done(b, core::kCombineDone, seq, a.blocks_done, a.tokens_claimed);
   if (threadIdx.x == 0) transport::trace<transport::TracePoint::ht_combine_signalled>(b.team);
   if (last && wait_for_every_cta(b, core::kCombineDone, seq, transport::WaitPhase::ht_combine_done) &&
       threadIdx.x == 0) {

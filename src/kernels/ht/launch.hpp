@@ -103,7 +103,8 @@ struct CombineArgs {
   float* out_weights;  // [T][K] or null (then no weights are read)
   int64_t num_rows;    // rows of y: N, or num_worst_tokens
   int32_t num_tokens, topk, hidden;
-  uint32_t* blocks_done;
+  uint32_t* blocks_done;     // private counter of finished CTAs (zero between calls)
+  uint32_t* tokens_claimed;  // private counter of tokens claimed past each warp's first two (zero between calls)
   bool staged;  // the copy kernel, right before the combine kernel, copies the rows the peers read (and signals them)
 };
 // Copies the rows that other ranks will read, those from sources s != me (recv_begin), of y into the
