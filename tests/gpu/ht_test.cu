@@ -150,6 +150,10 @@ std::vector<HtCase> cases() {
       {2, 100, 1152, 8, 64, Rt::uniform, 0.1, true, false, false, 1, "SingleGpu2_Hidden1152_Fp8_TwoBiases", 0, true});
   // Send positions that carry over between the layout kernel's tiles (of 256 tokens); more than 8 slots.
   v.push_back({2, 2500, 2048, 9, 64, Rt::zipf, 0.1, false, false, false, 1, "SingleGpu2_TenLayoutTiles_NineSlots"});
+  // Half the tokens name no expert (top-1), among tokens that do: the combine's loader writes those (their
+  // biases alone) as it meets them, while its warps claim tokens past their first two (T > 2 x 320 warps).
+  v.push_back({2, 2000, 2048, 1, 64, Rt::uniform, 0.5, false, false, false, 1, "SingleGpu2_HalfTheTokensNameNoExpert",
+               0, true});
   return v;
 }
 
