@@ -286,9 +286,10 @@ struct PieceLoader {
         next_pos = load_positions(a, R, upcoming);
         if (threadIdx.x % kWarp == 0) claimed = 2 * gridDim.x * kWarpsPerCta + int(atomicAdd(a.tokens_claimed, 1u));
       }
+      if (threadIdx.x % kWarp == 0) tokens[taken % kTokenRing] = t;  // the lanes read it after gather_rows' __syncwarp
       n = gather_rows(a, pos, begin, rows);
       if (n > 0) {
-        tokens[taken++ % kTokenRing] = t;  // every lane the same value: each reads back its own store
+        ++taken;
         return;
       }
       write_token_without_rows(a, t);
