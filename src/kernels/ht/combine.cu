@@ -17,9 +17,10 @@
 // Lane 0 of each warp starts its own loads: a warp's bulk copies issue one after another, each waiting on
 // its operands, so twenty warps overlap that latency where fewer loader warps did not.
 // Work split: each warp's first two tokens are static (consecutive tokens on consecutive CTAs); after
-// them it claims the next unclaimed token from a private counter, so warps that pull faster take more
-// tokens and the warps' last pieces land together (with a static split they spread over ~5 us: the
-// warps' rates differ). The counter is reset by the last CTA (signal_done), after every claim.
+// them it claims the next unclaimed token from a private counter (tokens_claimed), so that warps that
+// pull faster take more tokens: the warps' rates differ, and with a static split the slowest set the
+// call's end (measured: docs/PERFORMANCE.md). The last CTA resets the counter (signal_done), after every
+// claim.
 //
 // Protocol (done words of core::HtFlag):
 //   * Every CTA computes seq = sequence[kCombineDone] + 1; the last CTA stores it once every home rank
@@ -42,6 +43,10 @@
 //     __syncwarp orders the lanes' acquires before lane 0's proxy fence and bulk loads. So a warp waits
 //     a few times per rank while the copy runs ahead of it, and once when the input was in place.
 //     This rank's own rows come from the caller's y.
+//   * A warp's tokens: lane 0 stores the k-th token the loader takes into tokens[k % kTokenRing] before
+//     gather_rows, whose __syncwarp orders the store before the lanes read it as they add. The loader
+//     takes a token only when its first piece is next, fewer than kTokenRing tokens ahead of the
+//     adding, so an entry is rewritten only after several __syncwarp (one a piece) have followed its reads.
 //   * Piece buffers: piece k of a warp goes to slot k % kSlots and completes phase (k / kSlots) & 1 of
 //     that slot's mbarrier (lane 0 announces the bytes, the copy engine completes them; every lane
 //     waits, bounded). Lane 0 reloads a slot only after __syncwarp has followed every lane's reads of
@@ -265,7 +270,8 @@ struct PieceLoader {
 
   // The warp's first token's positions load, and it moves to the first token some rank holds a row of.
   __device__ void start() {
-    const int T = a.num_tokens, stride = gridDim.x * kWarpsPerCta, first = (threadIdx.x / kWarp) * gridDim.x + blockIdx.x;
+    const int T = a.num_tokens, stride = gridDim.x * kWarpsPerCta,
+              first = (threadIdx.x / kWarp) * gridDim.x + blockIdx.x;
     upcoming = min(first, T);
     claimed = first + stride;  // the second is static too: no claim's latency at the start
     if (upcoming < T) next_pos = load_positions(a, R, upcoming);
@@ -335,7 +341,7 @@ struct PieceLoader {
   // it; then every lane moves on to the piece after it. Returns false on every lane when a wait failed.
   __device__ bool start_next() {
     if (n == 0) return true;  // no token left
-    if (offset == 0) {  // a row's first piece
+    if (offset == 0) {        // a row's first piece
       const int r = rows.rank[index];
       const int64_t row = rows.row[index];
       if (r != a.buffer.team.rank && row >= ready_until[r] && !await_row(r, row)) return false;
@@ -366,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   __shared__ uint64_t landed_of[kWarpsPerCta][kSlots];          // mbarriers: a slot's piece has landed
   __shared__ TokenRows loading_of[kWarpsPerCta];                // the rows of the token being loaded
   __shared__ uint32_t ready_until_of[kWarpsPerCta][kMaxRanks];  // see PieceLoader::ready_until
-  __shared__ int32_t tokens_of[kWarpsPerCta][kTokenRing];         // see PieceLoader::tokens
+  __shared__ int32_t tokens_of[kWarpsPerCta][kTokenRing];       // see PieceLoader::tokens
   if (lane == 0) transport::trace<transport::TracePoint::ht_combine_start>(b.team);
   uint64_t* landed = landed_of[warp];
   uint64_t* sequence = b.at<uint64_t>(me, b.sequence) + core::kCombineDone;
@@ -393,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_pull_kernel(CombineArgs a
   bool ok = true;
   loader.start();
   for (int k = 0; ok && k < kSlots - 1; ++k) ok = loader.start_next();
-  SlotCursor adding;  // where the next piece added lies
+  SlotCursor adding;                              // where the next piece added lies
   for (int i = 0; ok && i < loader.taken; ++i) {  // the loader takes each token before its pieces start
     const int64_t t = loader.tokens[i % kTokenRing];
     const int n = count_rows(load_positions(a, R, t));  // the loader read them: in L1
