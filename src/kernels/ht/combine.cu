@@ -81,7 +81,7 @@ constexpr int kVectorsPerPiece = kPieceBytes / 16;                // 16-byte vec
 constexpr int kVectorsPerLane = kVectorsPerPiece / kWarp;         // those a lane adds
 constexpr int kSlots = 5;                                         // piece buffers per warp
 constexpr int kStageBytes = kWarpsPerCta * kSlots * kPieceBytes;  // 200 KiB of dynamic shared memory
-constexpr int kTokenRing = 8;  // a warp's tokens from the loader's to the adder's: the loader runs < kSlots ahead
+constexpr int kTokenRing = 8;  // a warp's tokens, the loader's to the adder's: the loader takes <= kSlots ahead
 static_assert(kTokenRing > kSlots, "every token between the adder's and the loader's fits the ring");
 constexpr int kMaxRanks = kMaxNvlinkRanks;
 
