@@ -210,7 +210,8 @@ __device__ void write_weights(const CombineArgs& a, int64_t t) {
 }
 
 // The whole warp writes token t, which no rank holds a row of: its biases alone (zeros without), weights 0.
-// A vector at a time: the adder's sums are live beside it (it runs in the loader, on the pull's path).
+// A vector at a time, not write_chunk's whole chunk: it runs in the loader while the adder's sums are live,
+// and a chunk's sums beside those spilled (244 bytes, 2026-11-30).
 __device__ void write_token_without_rows(const CombineArgs& a, int64_t t) {
   const int4* const bias_rows[2] = {bias_row(a.bias[0], t), bias_row(a.bias[1], t)};
   int4* out = reinterpret_cast<int4*>(a.out + t * a.hidden);
